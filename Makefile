@@ -1,0 +1,45 @@
+# Two commands for everyone: `make lab` and `make test`. Everything else is for instructors and CI.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# The stamp is keyed on the dependency files: installing twice does nothing the second time.
+DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+STAMP  := $(VENV)/.installed-$(DEPS_HASH)
+PYTEST_ARGS ?=
+
+.PHONY: lab test test-gpu install release check grade bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e '.[dev]' > $(VENV)/pip.log 2>&1 \
+	  || { grep -v '^WARNING: Location' $(VENV)/pip.log | tail -40; exit 1; }
+	$(PY) -c 'import torch, torchvision, nbgrader, course'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+lab: install
+	JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises
+
+test: install
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-gpu: install
+	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
+
+release: install
+	$(PY) -m grader release
+
+check: install
+	$(PY) -m grader check
+
+grade: install
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir of <student>/<assignment>/<notebook>.ipynb>"; exit 2; }
+	$(PY) -m grader all $(SUBMISSIONS)
+
+bench: install
+	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Instructor tooling for the course: nbgrader configuration, release checks and class grading."""

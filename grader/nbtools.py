@@ -1,0 +1,103 @@
+"""Notebook plumbing shared by the instructor CLI and the tests: paths, nbgrader runs and gradebook reads."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "grader" / "nbgrader_config.py"
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+ASSIGNMENTS = ("01-device", "02-transfer", "03-throughput", "04-amp", "05-parity", "06-compile")
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+
+
+def config_env() -> dict[str, str]:
+    """Environment for nbgrader runs: load grader/nbgrader_config.py from any working directory."""
+    paths = [str(CONFIG.parent)] + [p for p in os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p]
+    # nbgrader shells out to `alembic` and `jupyter`: put this interpreter's scripts first on PATH.
+    bin_dir = str(Path(sys.executable).parent)
+    return {"JUPYTER_CONFIG_PATH": os.pathsep.join(dict.fromkeys(paths)),
+            "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+
+
+def notebooks(folder: Path = SOLUTIONS) -> list[Path]:
+    """Every `<assignment>/<notebook>.ipynb` under `folder`, in course order."""
+    return sorted(folder.glob("*/*.ipynb"))
+
+
+def assignments(folder: Path = SOLUTIONS) -> list[str]:
+    """The assignment folders that hold at least one notebook."""
+    return sorted({nb.parent.name for nb in notebooks(folder)})
+
+
+def nbgrader_meta(cell: dict) -> dict:
+    """A cell's nbgrader metadata ({} for an ordinary cell)."""
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def grade_id(cell: dict) -> str | None:
+    return nbgrader_meta(cell).get("grade_id")
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def nbgrader(*args: str, root: Path, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run one nbgrader command on the course rooted at `root`, with this course's configuration.
+
+    Raises RuntimeError with nbgrader's own output when the command fails.
+    """
+    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={root}"]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **config_env(), **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed (exit {proc.returncode}) in {root}:\n"
+                           f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def make_course(root: Path, which: list[str] | None = None) -> Path:
+    """Lay out a scratch course at `root` holding a copy of `solutions/` (all assignments, or `which`)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in which or assignments():
+        shutil.copytree(SOLUTIONS / name, root / "solutions" / name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    return root
+
+
+def generate(root: Path, assignment: str) -> Path:
+    """`nbgrader generate_assignment` in the scratch course at `root`; returns the released folder."""
+    nbgrader("generate_assignment", assignment, "--force", root=root)
+    return root / "exercises" / assignment
+
+
+@dataclass(frozen=True)
+class CellScore:
+    """Points one student earned on one graded cell."""
+    student: str
+    notebook: str
+    grade_id: str
+    score: float
+    max_score: float
+
+
+def cell_scores(root: Path, assignment: str) -> list[CellScore]:
+    """Every autograded cell score in the gradebook of the course at `root`, sorted."""
+    from nbgrader.api import Gradebook
+
+    rows = []
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for submission in gb.assignment_submissions(assignment):
+            for nb in submission.notebooks:
+                for grade in nb.grades:
+                    rows.append(CellScore(submission.student.id, nb.name, grade.name,
+                                          float(grade.score), float(grade.max_score)))
+    return sorted(rows, key=lambda r: (r.student, r.notebook, r.grade_id))

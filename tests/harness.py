@@ -1,0 +1,142 @@
+"""Run a notebook's test cells in-process, with a variant in place of one solution cell.
+
+The namespace is built the way a learner's kernel would hold it, but only from the cells that tests may rely on:
+the "setup" cell and the solution cells. Usage from a shell, to try a catalogue:
+
+    python -m tests.harness solutions/01-device/device.ipynb tests/mutations/device.py
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader.nbtools import grade_id, nbgrader_meta, read
+from tests.mutations import Variant
+
+
+@dataclass
+class CellResult:
+    grade_id: str
+    passed: bool
+    error: str = ""
+
+
+def _is_setup(cell) -> bool:
+    gid = grade_id(cell) or ""
+    return cell.cell_type == "code" and gid.startswith("setup")
+
+
+def _is_solution(cell) -> bool:
+    return cell.cell_type == "code" and nbgrader_meta(cell).get("solution", False)
+
+
+def test_cells_for(nb, function: str) -> list:
+    """The graded test cells of `function`: grade_id `test_<function>` or `test_<function>_<suffix>`."""
+    out = []
+    for cell in nb.cells:
+        gid = grade_id(cell) or ""
+        if cell.cell_type == "code" and nbgrader_meta(cell).get("grade") and (
+                gid == f"test_{function}" or gid.startswith(f"test_{function}_")):
+            out.append(cell)
+    return out
+
+
+def graded_functions(nb) -> list[str]:
+    """Names of the graded functions: the grade_ids of the solution cells that have test cells."""
+    return [grade_id(c) for c in nb.cells if _is_solution(c) and test_cells_for(nb, grade_id(c))]
+
+
+def _exec(source: str, ns: dict, label: str) -> None:
+    code = compile(source, f"<{label}>", "exec")
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(code, ns)  # noqa: S102 - running the course's own notebook cells is the point
+
+
+def run_function_tests(notebook: Path, function: str, replacement: str | None = None) -> list[CellResult]:
+    """Execute setup + solution cells (with `replacement` for `function`'s cell), then `function`'s test cells."""
+    nb = read(notebook)
+    ns: dict = {"__name__": "__main__"}
+    for cell in nb.cells:
+        if _is_setup(cell):
+            _exec(cell.source, ns, grade_id(cell))
+        elif _is_solution(cell):
+            source = replacement if (grade_id(cell) == function and replacement is not None) else cell.source
+            try:
+                _exec(source, ns, grade_id(cell))
+            except Exception:  # a broken variant must fail its tests, not the run
+                if grade_id(cell) != function:
+                    raise
+                return [CellResult(grade_id(t), False, traceback.format_exc(limit=3))
+                        for t in test_cells_for(nb, function)]
+    results = []
+    for cell in test_cells_for(nb, function):
+        try:
+            _exec(cell.source, ns, grade_id(cell))
+            results.append(CellResult(grade_id(cell), True))
+        except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
+            results.append(CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def load_catalogue(path: Path) -> list[Variant]:
+    spec = importlib.util.spec_from_file_location(f"mutations_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.VARIANTS)
+
+
+def main(argv: list[str]) -> int:
+    notebook, catalogue = Path(argv[0]), Path(argv[1])
+    bad = 0
+    for variant in load_catalogue(catalogue):
+        results = run_function_tests(notebook, variant.function, variant.source)
+        caught = not all(r.passed for r in results)
+        ok = caught if variant.wrong else not caught
+        bad += not ok
+        kind = "wrong" if variant.wrong else "right"
+        verdict = ("caught" if caught else "passed") + ("" if ok else "  <-- PROBLEM")
+        print(f"{variant.function:>22} {kind} {variant.name:<28} {verdict}")
+        if not ok:
+            for r in results:
+                print(f"{'':>24}{r.grade_id}: {'pass' if r.passed else r.error[:300]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+def autograde_roundtrip(assignment: str, root: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """Grade the solution and the unchanged released exercise as two students, with real nbgrader.
+
+    Returns {"solution": {grade_id: (score, max)}, "exercise": {...}} read back from the gradebook, plus
+    "solution_errors": {cell label: error} for every cell of the autograded solution that raised (there must be none).
+    """
+    import shutil
+
+    from grader.nbtools import cell_scores, generate, make_course, nbgrader
+
+    make_course(root, [assignment])
+    released = generate(root, assignment)
+    for student, folder in (("solution", root / "solutions" / assignment), ("exercise", released)):
+        dest = root / "submitted" / student / assignment
+        dest.mkdir(parents=True)
+        for nb in folder.glob("*.ipynb"):
+            shutil.copy(nb, dest / nb.name)
+    nbgrader("autograde", assignment, "--create", root=root, timeout=900)
+    scores: dict[str, dict[str, tuple[float, float]]] = {}
+    for row in cell_scores(root, assignment):
+        scores.setdefault(row.student, {})[row.grade_id] = (row.score, row.max_score)
+    errors = {}
+    for nb_path in (root / "autograded" / "solution" / assignment).glob("*.ipynb"):
+        for i, cell in enumerate(read(nb_path).cells):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    errors[f"{nb_path.name} cell {i} ({grade_id(cell) or 'lesson'})"] = f"{out.get('ename')}: {out.get('evalue')}"
+    scores["solution_errors"] = errors
+    return scores

@@ -1,0 +1,116 @@
+"""Repository hygiene: dependency lists agree, notebooks are clean, and exercises/ is exactly what nbgrader releases."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from grader import nbtools
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ROOT = nbtools.ROOT
+ALL_NOTEBOOKS = nbtools.notebooks(nbtools.SOLUTIONS) + nbtools.notebooks(nbtools.EXERCISES)
+FIX_RELEASE = "run `make release` (python -m grader release), then commit exercises/"
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[ ;]", r.strip(), maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+
+def test_environment_yml_names_the_same_packages_as_pyproject():
+    """environment.yml (conda) and pyproject.toml must install the same packages."""
+    import yaml
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = _names(project["dependencies"] + project["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    listed: list[str] = []
+    for dep in env["dependencies"]:
+        listed += dep["pip"] if isinstance(dep, dict) else [dep]
+    got = _names([d for d in listed if not d.startswith("-e")]) - {"python", "pip"}
+    assert got == wanted, f"only in pyproject.toml: {sorted(wanted - got)}; only in environment.yml: {sorted(got - wanted)}"
+
+
+def test_notebook_lists_are_consistent():
+    """Every solution notebook has a released twin and nothing is released without a source."""
+    sources = {p.relative_to(nbtools.SOLUTIONS) for p in nbtools.notebooks(nbtools.SOLUTIONS)}
+    released = {p.relative_to(nbtools.EXERCISES) for p in nbtools.notebooks(nbtools.EXERCISES)}
+    assert sources == released, (f"missing in exercises/: {sorted(map(str, sources - released))}; "
+                                 f"without a source: {sorted(map(str, released - sources))}; {FIX_RELEASE}")
+    for path in sources:
+        assert path.parts[0] in nbtools.ASSIGNMENTS, f"{path}: unknown assignment folder (expected one of {nbtools.ASSIGNMENTS})"
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_is_clean(path: Path):
+    """Committed without outputs, with a python3 kernel and valid, unique nbgrader metadata."""
+    nb = json.loads(path.read_text())
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", f"{path}: kernelspec must be python3"
+    ids = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert not cell.get("outputs") and cell.get("execution_count") is None, \
+                f"{path} cell {i}: has outputs or an execution count; clear them before committing"
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta:
+            assert meta.get("grade_id"), f"{path} cell {i}: nbgrader cell without a grade_id"
+            ids.append(meta["grade_id"])
+            if meta.get("grade"):
+                assert meta.get("points", 0) > 0, f"{path} cell {i} ({meta['grade_id']}): a grade cell needs points > 0"
+    duplicates = sorted({g for g in ids if ids.count(g) > 1})
+    assert not duplicates, f"{path}: duplicate grade_ids {duplicates}"
+
+
+def _solution_lines(source: str) -> list[str]:
+    """Substantive lines between BEGIN/END SOLUTION markers (skipping blanks, comments and trivial lines)."""
+    lines, inside = [], False
+    for line in source.splitlines():
+        if "### BEGIN SOLUTION" in line:
+            inside = True
+        elif "### END SOLUTION" in line:
+            inside = False
+        elif inside:
+            s = line.strip()
+            if len(s) > 12 and not s.startswith("#") and s not in ("return result", "pass"):
+                lines.append(s)
+    return lines
+
+
+@pytest.mark.parametrize("path", nbtools.notebooks(nbtools.EXERCISES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_exercise_leaks_no_solution(path: Path):
+    """No released exercise contains solution markers, hidden tests, or the solution lines themselves."""
+    text = path.read_text()
+    for marker in nbtools.SOLUTION_MARKERS:
+        assert marker not in text, f"{path}: contains '{marker}'; {FIX_RELEASE}"
+    source = nbtools.read(nbtools.SOLUTIONS / path.relative_to(nbtools.EXERCISES))
+    code = "\n".join(c.source for c in nbtools.read(path).cells if c.cell_type == "code")
+    leaked = [line for c in source.cells for line in _solution_lines(c.source) if line in code]
+    assert not leaked, f"{path}: solution lines appear in the exercise: {leaked[:3]}"
+
+
+def _comparable(nb) -> list:
+    return [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells] + [dict(nb.metadata)]
+
+
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_exercises_match_a_fresh_release(assignment: str, tmp_path: Path):
+    """exercises/ equals what `nbgrader generate_assignment` produces from solutions/ now."""
+    released = nbtools.generate(nbtools.make_course(tmp_path, [assignment]), assignment)
+    for fresh in sorted(released.glob("*.ipynb")):
+        committed = nbtools.EXERCISES / assignment / fresh.name
+        assert committed.exists(), f"{committed} is missing; {FIX_RELEASE}"
+        assert _comparable(nbtools.read(committed)) == _comparable(nbtools.read(fresh)), \
+            f"{committed} is stale: it differs from a fresh release of solutions/{assignment}; {FIX_RELEASE}"
+
+
+def test_checks_cover_an_empty_course(tmp_path: Path):
+    """The release and listing tools work on a course with no notebooks yet."""
+    assert nbtools.notebooks(tmp_path) == [] and nbtools.assignments(tmp_path) == []

@@ -1,0 +1,48 @@
+"""The mutation catalogue (issue 5): every typical mistake fails its test cells, every correct variant passes.
+
+Each variant runs in-process against the notebook's own test cells, visible and hidden, as written in solutions/.
+The detection rate is printed at the end of the pytest run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grader import nbtools
+from tests.harness import graded_functions, load_catalogue, run_function_tests
+
+CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
+RESULTS: list[tuple[str, str, bool, bool]] = []  # (topic, "function/variant", wrong, caught): read by conftest's summary
+
+
+def _notebook(topic: str) -> Path:
+    matches = list(nbtools.SOLUTIONS.glob(f"*/{topic}.ipynb"))
+    assert len(matches) == 1, f"tests/mutations/{topic}.py has no notebook solutions/*/{topic}.ipynb"
+    return matches[0]
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda p: p.stem)
+def test_catalogue_covers_every_graded_function(catalogue: Path):
+    """At least two wrong and one correct variant for every graded function of the notebook."""
+    variants = load_catalogue(catalogue)
+    for function in graded_functions(nbtools.read(_notebook(catalogue.stem))):
+        wrong = sum(v.wrong for v in variants if v.function == function)
+        right = sum(not v.wrong for v in variants if v.function == function)
+        assert wrong >= 2 and right >= 1, f"{catalogue.name}: {function} has {wrong} wrong and {right} correct variants (need 2 and 1)"
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda p: p.stem)
+def test_catalogue_variants_are_judged_right(catalogue: Path):
+    """Wrong variants fail their function's test cells; correct variants pass them."""
+    notebook = _notebook(catalogue.stem)
+    problems = []
+    for v in load_catalogue(catalogue):
+        results = run_function_tests(notebook, v.function, v.source)
+        assert results, f"{notebook}: no test cells named test_{v.function}*"
+        caught = not all(r.passed for r in results)
+        RESULTS.append((catalogue.stem, f"{v.function}/{v.name}", v.wrong, caught))
+        if caught != v.wrong:
+            detail = "; ".join(f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed)
+            problems.append(f"{v.function}/{v.name} ({'wrong, not caught' if v.wrong else 'correct, failed: ' + detail})")
+    assert not problems, f"{catalogue.name}: " + " | ".join(problems)
