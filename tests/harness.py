@@ -15,6 +15,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
+
 from grader.nbtools import grade_id, nbgrader_meta, read
 from tests.mutations import Variant
 
@@ -139,4 +141,32 @@ def autograde_roundtrip(assignment: str, root: Path) -> dict[str, dict[str, tupl
                 if out.get("output_type") == "error":
                     errors[f"{nb_path.name} cell {i} ({grade_id(cell) or 'lesson'})"] = f"{out.get('ename')}: {out.get('evalue')}"
     scores["solution_errors"] = errors
+    return scores
+
+
+def with_variant(notebook: Path, variant: Variant) -> nbformat.NotebookNode:
+    """The solution notebook as a learner would submit it with `variant` written in the function's cell."""
+    nb = read(notebook)
+    for cell in nb.cells:
+        if _is_solution(cell) and grade_id(cell) == variant.function:
+            cell.source = variant.source
+            return nb
+    raise KeyError(f"{notebook}: no solution cell with grade_id {variant.function!r}")
+
+
+def autograde_variants(assignment: str, variants: list[Variant], root: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """Autograde one submission per variant with real nbgrader; returns {variant name: {grade_id: (score, max)}}."""
+    from grader.nbtools import cell_scores, generate, make_course, nbgrader
+
+    make_course(root, [assignment])
+    generate(root, assignment)
+    for v in variants:
+        for notebook in (root / "solutions" / assignment).glob("*.ipynb"):
+            dest = root / "submitted" / v.name / assignment
+            dest.mkdir(parents=True, exist_ok=True)
+            nbformat.write(with_variant(notebook, v), dest / notebook.name)
+    nbgrader("autograde", assignment, "--create", root=root, timeout=900)
+    scores: dict[str, dict[str, tuple[float, float]]] = {}
+    for row in cell_scores(root, assignment):
+        scores.setdefault(row.student, {})[row.grade_id] = (row.score, row.max_score)
     return scores

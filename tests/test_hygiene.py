@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,3 +116,19 @@ def test_exercises_match_a_fresh_release(assignment: str, tmp_path: Path):
 def test_checks_cover_an_empty_course(tmp_path: Path):
     """The release and listing tools work on a course with no notebooks yet."""
     assert nbtools.notebooks(tmp_path) == [] and nbtools.assignments(tmp_path) == []
+
+
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_nbgrader_validate_solutions_pass_and_exercises_fail(assignment: str):
+    """`nbgrader validate` passes on the solution; `nbgrader validate --invert` shows every released test failing."""
+    jobs = {}
+    for kind, folder, extra in (("solution", nbtools.SOLUTIONS, []), ("exercise", nbtools.EXERCISES, ["--invert"])):
+        for nb in sorted((folder / assignment).glob("*.ipynb")):
+            cmd = [sys.executable, "-m", "nbgrader", "validate", *extra, str(nb)]
+            jobs[(kind, nb)] = subprocess.Popen(cmd, cwd=nbtools.ROOT, env={**os.environ, **nbtools.config_env()}, text=True,
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for (kind, nb), proc in jobs.items():
+        out = proc.communicate(timeout=600)[0]
+        expected = "Success! Your notebook passes all the tests." if kind == "solution" \
+            else "Success! The notebook does not pass any tests."
+        assert expected in out, f"nbgrader validate {'--invert ' if kind == 'exercise' else ''}{nb}:\n{out[-3000:]}"

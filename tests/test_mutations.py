@@ -46,3 +46,27 @@ def test_catalogue_variants_are_judged_right(catalogue: Path):
             detail = "; ".join(f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed)
             problems.append(f"{v.function}/{v.name} ({'wrong, not caught' if v.wrong else 'correct, failed: ' + detail})")
     assert not problems, f"{catalogue.name}: " + " | ".join(problems)
+
+
+def test_variants_through_real_autograde(tmp_path: Path):
+    """End to end: nbgrader autograde gives a wrong variant 0 on its function's cells and full marks elsewhere."""
+    from tests.harness import autograde_variants
+
+    catalogue = Path(__file__).parent / "mutations" / "device.py"
+    if not catalogue.exists():
+        pytest.skip("tests/mutations/device.py is not written yet")
+    variants = load_catalogue(catalogue)
+    picked = [next(v for v in variants if v.wrong), next(v for v in variants if not v.wrong)]
+    picked += [next(v for v in variants if v.wrong and v.function != picked[0].function)]
+    scores = autograde_variants(_notebook("device").parent.name, picked, tmp_path)
+    for v in picked:
+        lost = []
+        for gid, (score, max_score) in scores[v.name].items():
+            if gid == f"test_{v.function}" or gid.startswith(f"test_{v.function}_"):
+                lost += [gid] if score < max_score else []
+            else:
+                assert score == max_score, f"{v.name}: {gid} (another function's cell) scored {score}/{max_score}"
+        if v.wrong:
+            assert lost, f"{v.function}/{v.name}: a typical mistake kept full marks on every test_{v.function}* cell"
+        else:
+            assert not lost, f"{v.function}/{v.name}: a correct variant lost points on {lost}"
