@@ -1,0 +1,84 @@
+"""Notebook 01-device: the lesson's claims hold, the graded cells follow the contract, and grading works end to end.
+
+01-device has no library module of its own: it teaches course.env (tested in test_env.py) and the meta device and
+course.simgpu (test_simgpu.py). What is checked here is the notebook itself.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
+from tests.harness import autograde_roundtrip
+
+ASSIGNMENT = "01-device"
+NOTEBOOK = SOLUTIONS / ASSIGNMENT / "device.ipynb"
+GRADED = {"pick_device", "describe_device", "DeviceSafeNet", "smoke_test"}
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return read(NOTEBOOK)
+
+
+def _lesson_namespace(nb, *markers: str) -> dict:
+    """Run the setup cell and the lesson cells whose source contains each marker, in order."""
+    ns: dict = {"__name__": "__main__"}
+    exec(next(c.source for c in nb.cells if grade_id(c) == "setup"), ns)  # noqa: S102 - the course's own cell
+    for marker in markers:
+        exec(next(c.source for c in nb.cells if c.cell_type == "code" and marker in c.source), ns)  # noqa: S102
+    return ns
+
+
+def test_cell_layout_and_graded_cells(nb):
+    """Colab cell, setup, then one solution cell per graded name followed by its test cell."""
+    assert [grade_id(c) for c in nb.cells[1:3]] == ["colab_setup", "setup"]
+    assert "google.colab" in nb.cells[1].source and nbgrader_meta(nb.cells[1]).get("locked")
+    order = [grade_id(c) for c in nb.cells if nbgrader_meta(c).get("solution") or nbgrader_meta(c).get("grade")]
+    assert set(order[::2]) == GRADED and order[1::2] == [f"test_{name}" for name in order[::2]]
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("solution"):
+            name = grade_id(cell)
+            assert f"def {name}(" in cell.source or f"class {name}(" in cell.source
+        if nbgrader_meta(cell).get("grade"):
+            assert cell.source.startswith('"""') and "### BEGIN HIDDEN TESTS" in cell.source
+
+
+def test_the_broken_net_in_the_lesson_fails_on_a_second_device_and_works_on_the_cpu(nb):
+    from course.simgpu import find_device_mismatch
+
+    ns = _lesson_namespace(nb, "class BrokenNet")
+    broken, x = ns["BrokenNet"](), torch.randn(2, 5, 4)
+    assert broken(x).shape == (2, 3)
+    assert find_device_mismatch(broken, x) is not None
+    with pytest.raises(RuntimeError):
+        broken.to("meta")(x.to("meta"))
+
+
+def test_the_t4_bf16_claim_holds_on_the_simulated_t4():
+    """The lesson says is_bf16_supported() is True on a T4 through emulation, False without it."""
+    from course.simgpu import simulated_cuda
+
+    with simulated_cuda("T4", replace_real=True):
+        assert torch.cuda.is_bf16_supported() is True
+        assert torch.cuda.is_bf16_supported(including_emulation=False) is False
+        assert torch.cuda.get_device_capability() < (8, 0)
+
+
+def test_meta_device_mixing_raises_as_the_lesson_says():
+    with pytest.raises(RuntimeError):
+        torch.randn(4, 3, device="meta") + torch.zeros(3)
+
+
+def test_autograde_round_trip(tmp_path: Path):
+    """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
+    scores = autograde_roundtrip(ASSIGNMENT, tmp_path)
+    assert not scores["solution_errors"], f"cells raised while autograding the solution: {scores['solution_errors']}"
+    solution, exercise = scores["solution"], scores["exercise"]
+    assert set(solution) == {f"test_{name}" for name in GRADED}
+    for cell, (score, total) in solution.items():
+        assert score == total > 0, f"solution: {cell} scored {score}/{total}"
+    for cell, (score, total) in exercise.items():
+        assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
