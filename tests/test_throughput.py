@@ -1,0 +1,77 @@
+"""Notebook 03-throughput: its structure, and a real nbgrader round trip (solution: full marks; exercise: zero).
+
+The timer it teaches lives in course/timing.py (tests/test_timing.py); the mutation catalogue in
+tests/mutations/throughput.py checks that the hidden tests catch the typical mistakes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grader import nbtools
+from tests.harness import graded_functions
+
+ASSIGNMENT = "03-throughput"
+NOTEBOOK = nbtools.SOLUTIONS / ASSIGNMENT / "throughput.ipynb"
+COLAB_CELL = Path("/work/brief/colab_cell.py")
+GRADED = ["time_gpu", "measure_throughput", "train_throughput"]
+
+
+def _cells():
+    return nbtools.read(NOTEBOOK).cells
+
+
+def test_graded_functions_are_the_contract():
+    assert graded_functions(nbtools.read(NOTEBOOK)) == GRADED
+    for cell in _cells():
+        meta = nbtools.nbgrader_meta(cell)
+        if meta.get("solution"):
+            assert f"def {meta['grade_id']}(" in cell.source, f"solution cell {meta['grade_id']} defines another name"
+        if meta.get("grade"):
+            first = cell.source.lstrip().splitlines()[0]
+            assert first.startswith('"""') and first.endswith('"""'), f"{meta['grade_id']}: one-line docstring first"
+            assert "### BEGIN HIDDEN TESTS" in cell.source, f"{meta['grade_id']} has no hidden tests"
+
+
+def test_opens_with_the_colab_cell_and_the_setup_cell():
+    code = [c for c in _cells() if c.cell_type == "code"]
+    assert nbtools.grade_id(code[0]) == "colab_setup" and nbtools.nbgrader_meta(code[0]).get("locked")
+    if COLAB_CELL.exists():  # the lead's brief; not part of a checkout
+        assert code[0].source.strip() == COLAB_CELL.read_text().strip(), "the Colab cell must be the shared one verbatim"
+    assert nbtools.grade_id(code[1]) == "setup" and nbtools.nbgrader_meta(code[1]).get("locked")
+
+
+def test_test_cells_restore_the_thread_count_and_leave_no_globals():
+    """Test cells run inside dunder functions (deleted afterwards) and with one thread, restored on exit."""
+    for cell in _cells():
+        meta = nbtools.nbgrader_meta(cell)
+        if meta.get("grade"):
+            name = f"__check_{meta['grade_id'].removeprefix('test_')}"
+            assert f"def {name}():" in cell.source and f"{name}(); del {name}" in cell.source
+            assert "with num_threads(1):" in cell.source
+
+
+def test_autograde_roundtrip(tmp_path: Path):
+    """The solution earns every point and raises nowhere; the unchanged exercise earns none."""
+    from tests.harness import autograde_roundtrip
+
+    scores = autograde_roundtrip(ASSIGNMENT, tmp_path)
+    assert not scores["solution_errors"], f"cells raised while autograding the solution: {scores['solution_errors']}"
+    solution, exercise = scores["solution"], scores["exercise"]
+    expected = {f"test_{name}" for name in GRADED}
+    assert expected <= set(solution), f"graded cells missing from the gradebook: {expected - set(solution)}"
+    for cell, (score, max_score) in solution.items():
+        assert max_score > 0 and score == max_score, f"solution: {cell} scored {score}/{max_score}"
+    for cell, (score, max_score) in exercise.items():
+        assert score == 0, f"exercise: {cell} scored {score}/{max_score} with no code written"
+
+
+@pytest.mark.gpu
+def test_hidden_tests_pass_on_a_real_gpu():
+    """On a GPU machine gpu_session() yields the real device: the solution must pass every test cell there too."""
+    from tests.harness import run_function_tests
+
+    for name in GRADED:
+        results = run_function_tests(NOTEBOOK, name)
+        assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
