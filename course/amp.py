@@ -1,0 +1,297 @@
+"""Mixed precision: which autocast dtype a device should use, the GradScaler, and one AMP training step.
+
+`amp_dtype`, `make_scaler` and `amp_train_step` are the reference versions of the functions learners write in
+04-amp; 05-parity and 06-compile reuse them. The rest are the lesson's measuring helpers: the number formats,
+how many gradients flush to zero in fp16, what one step costs in time and memory, and the precision explorer.
+Only torch.amp / torch.autocast are used: torch.cuda.amp is deprecated.
+
+Introduced in 04-amp.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "PRECISIONS", "DATASHEET", "amp_dtype", "make_scaler", "amp_train_step", "format_table", "tf32_setting",
+    "tf32_mode", "gradient_underflow", "saved_activation_bytes", "StepFigures", "measure_step", "explore",
+]
+
+# The three precisions of the course, by the short names the notebooks use.
+PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# Dense fp16/bf16 Tensor Core TFLOPS from NVIDIA datasheets (as quoted by third-party copies): peaks, not measurements.
+DATASHEET: dict[str, dict[str, Any]] = {
+    "T4": {"capability": (7, 5), "tensor_tflops": 65.0, "bf16": False},
+    "L4": {"capability": (8, 9), "tensor_tflops": 121.0, "bf16": True},
+    "A100": {"capability": (8, 0), "tensor_tflops": 312.0, "bf16": True},
+    "H100 SXM": {"capability": (9, 0), "tensor_tflops": 989.0, "bf16": True},
+}
+
+
+def _device(device: Any) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a device torch knows; pass e.g. torch.device('cuda') or 'cpu'") from exc
+
+
+def amp_dtype(device: torch.device | str) -> torch.dtype:
+    """The autocast dtype to train with on `device`.
+
+    CUDA with compute capability 8.0 or newer (A100, L4, H100): bfloat16, which Tensor Cores run natively.
+    Older CUDA GPUs (T4, V100): float16, with a GradScaler. MPS: float16. CPU: bfloat16.
+    The capability is read directly: torch.cuda.is_bf16_supported() also says True on a T4, where bf16 is emulated.
+
+    Introduced in 04-amp.
+    """
+    device = _device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    if device.type == "cpu":
+        return torch.bfloat16
+    raise ValueError(f"amp_dtype: no mixed-precision rule for device type {device.type!r}; use 'cuda', 'mps' or 'cpu'")
+
+
+def make_scaler(device: torch.device | str, dtype: torch.dtype) -> torch.amp.GradScaler:
+    """A torch.amp.GradScaler for `device`, enabled exactly when training in float16.
+
+    bf16 has fp32's exponent range, so its gradients do not underflow and need no scaling; fp32 needs none either.
+    A disabled scaler is a no-op: scale() returns the loss, step() calls optimizer.step(), update() does nothing.
+
+    Introduced in 04-amp.
+    """
+    return torch.amp.GradScaler(_device(device).type, enabled=dtype == torch.float16)
+
+
+def amp_train_step(model: nn.Module, batch: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer,
+                   scaler: torch.amp.GradScaler, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                   device: torch.device | str, dtype: torch.dtype) -> float:
+    """One mixed-precision training step on `batch` = (inputs, targets); returns the loss as a Python float.
+
+    The forward pass and the loss run under torch.autocast(device.type, dtype) (plain fp32 when dtype is float32);
+    the backward pass runs outside it, on the scaled loss; scaler.step skips the update when the gradients hold
+    inf or NaN, and scaler.update adjusts the scale for the next step.
+
+    Introduced in 04-amp.
+    """
+    device = _device(device)
+    inputs, targets = batch
+    inputs = inputs.to(device, non_blocking=True)
+    targets = targets.to(device, non_blocking=True)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32):
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+
+
+def format_table() -> list[dict[str, Any]]:
+    """fp32, fp16 and bf16 side by side, from torch.finfo: bits, range and precision. Introduced in 04-amp."""
+    rows = []
+    for name, dtype in PRECISIONS.items():
+        info = torch.finfo(dtype)
+        mantissa = round(-math.log2(info.eps))
+        rows.append({
+            "format": name, "dtype": str(dtype), "bits": info.bits, "exponent bits": info.bits - 1 - mantissa,
+            "mantissa bits": mantissa, "largest": info.max, "smallest normal": info.tiny,
+            "smallest subnormal": info.tiny * info.eps, "eps (gap after 1.0)": info.eps,
+            "decimal digits": round(-math.log10(info.eps), 1),
+        })
+    return rows
+
+
+def tf32_setting() -> str:
+    """How fp32 matmuls run on CUDA now: "tf32" or "ieee" (full fp32). Introduced in 04-amp.
+
+    Reads torch.backends.cuda.matmul.fp32_precision on torch >= 2.9 (resolving "none" through the parent
+    settings, as course.env does), torch.get_float32_matmul_precision() on older torch.
+    """
+    from course.env import record_sheet
+
+    sheet = record_sheet()
+    if sheet.get("matmul_fp32_precision"):
+        return str(sheet["matmul_fp32_precision"])
+    return "tf32" if sheet.get("tf32_matmul") else "ieee"
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled: bool) -> Iterator[None]:
+    """Inside the block, fp32 matmuls on CUDA use TF32 Tensor Cores (True) or full fp32 (False); restored on exit.
+
+    TF32 is a switch separate from autocast: it changes fp32 matmuls only, and it has been off by default since
+    PyTorch 1.12. Uses torch.backends.cuda.matmul.fp32_precision on torch >= 2.9, and
+    torch.set_float32_matmul_precision on older torch. Harmless on a machine without CUDA. Introduced in 04-amp.
+    """
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    else:  # torch < 2.9
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if enabled else "highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+
+def gradient_underflow(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable, *, dtype: torch.dtype,
+                       loss_scale: float = 1.0, loss_factor: float = 1.0, device: torch.device | str = "cpu") -> float:
+    """The fraction of weight-gradient entries that are nonzero in fp32 but come out exactly zero under autocast.
+
+    One forward under autocast(dtype) with the loss multiplied by `loss_factor` (to make gradients small) and by
+    `loss_scale` (what a GradScaler does); backward; the gradients are compared with an fp32 run of the same batch.
+    The model's own .grad fields are left as they were. Introduced in 04-amp.
+    """
+    device = _device(device)
+    inputs, targets = (t.to(device) for t in batch)
+    params = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+
+    def grads(run_dtype: torch.dtype, scale: float) -> list[torch.Tensor]:
+        with torch.autocast(device.type, dtype=run_dtype, enabled=run_dtype != torch.float32):
+            loss = loss_fn(model(inputs), targets) * loss_factor
+        return [g.float() / scale for g in torch.autograd.grad(loss * scale, params)]
+
+    reference = grads(torch.float32, 1.0)
+    trial = grads(dtype, loss_scale)
+    nonzero = sum(int((r != 0).sum()) for r in reference)
+    flushed = sum(int(((r != 0) & (t == 0)).sum()) for r, t in zip(reference, trial))
+    return flushed / max(nonzero, 1)
+
+
+def saved_activation_bytes(model: nn.Module, inputs: torch.Tensor, dtype: torch.dtype) -> int:
+    """Bytes of tensors the forward pass keeps for backward under autocast(dtype): the activation memory.
+
+    Parameters are counted once; this works on any device, including the CPU. Introduced in 04-amp.
+    """
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.setdefault(id(t), t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            model(inputs)
+    return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What one training step cost: median milliseconds, activation MiB, and peak MiB (CUDA only, else None).
+
+    Introduced in 04-amp.
+    """
+    precision: str
+    batch_size: int
+    step_ms: float
+    activation_mib: float
+    peak_mib: float | None
+    device: str
+
+
+def measure_step(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, targets: torch.Tensor,
+                 device: torch.device | str, precision: str, *, iters: int = 5, warmup: int = 2) -> StepFigures:
+    """Time amp_train_step for a fresh model_fn() in `precision` ("fp32", "fp16", "bf16"); measure its memory.
+
+    Step time comes from course.timing.timed; activation memory from saved_activation_bytes; peak memory from
+    torch.cuda.max_memory_allocated on CUDA (None elsewhere: the CPU allocator keeps no such counter).
+    Introduced in 04-amp.
+    """
+    from course.timing import timed
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {sorted(PRECISIONS)}")
+    device, dtype = _device(device), PRECISIONS[precision]
+    model = model_fn().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = make_scaler(device, dtype)
+    batch = (inputs.to(device), targets.to(device))
+    loss_fn = nn.functional.cross_entropy
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    timing = timed(lambda: amp_train_step(model, batch, optimizer, scaler, loss_fn, device, dtype),
+                   device=device, iters=iters, warmup=warmup)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    activations = saved_activation_bytes(model, batch[0], dtype) / 2**20
+    return StepFigures(precision, int(inputs.shape[0]), timing.median_ms, activations, peak, str(device))
+
+
+def _widgets_available() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    from course.env import under_autograder
+
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel") and not under_autograder()
+
+
+def explore(measure: Callable[[str, int], StepFigures], precisions: Sequence[str], batch_sizes: Sequence[int],
+            *, recorded: dict[str, float] | None = None, recorded_label: str = "", interactive: bool | None = None) -> None:
+    """The precision explorer: pick a precision and a batch size, see step time and memory as bar charts.
+
+    `measure(precision, batch_size)` returns StepFigures; results are cached, so each setting is measured once and
+    every bar measured so far stays on the chart. `recorded` (e.g. datasheet figures when no GPU is here) is drawn
+    in a third panel titled `recorded_label`, apart from the measurements. With widgets (ipywidgets in a live
+    kernel, not under the autograder) it displays the widget; otherwise (interactive=False, or widgets cannot
+    render) it measures every precision at the first batch size and draws the charts once. Introduced in 04-amp.
+    """
+    import matplotlib.pyplot as plt
+
+    from course.plots import bar_chart
+
+    cache: dict[tuple[str, int], StepFigures] = {}
+
+    def render() -> None:
+        keys = sorted(cache, key=lambda k: (k[1], list(precisions).index(k[0])))
+        label = {k: f"{k[0]}\nb={k[1]}" for k in keys}
+        fig, axes = plt.subplots(1, 3 if recorded else 2, figsize=(13 if recorded else 9, 3.4))
+        device = cache[keys[0]].device
+        bar_chart({label[k]: cache[k].step_ms for k in keys}, ylabel="ms per step",
+                  title=f"step time, measured on {device}", ax=axes[0])
+        peak = all(cache[k].peak_mib is not None for k in keys)
+        bar_chart({label[k]: (cache[k].peak_mib if peak else cache[k].activation_mib) for k in keys}, ylabel="MiB",
+                  title=f"peak memory on {device}" if peak else f"activation memory on {device}", ax=axes[1])
+        if recorded:
+            bar_chart(dict(recorded), ylabel="", title=recorded_label, ax=axes[2])
+        fig.tight_layout()
+        plt.show()
+
+    def show(precision: str, batch_size: int) -> None:
+        if (precision, batch_size) not in cache:
+            cache[(precision, batch_size)] = measure(precision, batch_size)
+        render()
+
+    if interactive is None:
+        interactive = _widgets_available()
+    if not interactive:
+        for precision in precisions:
+            cache[(precision, batch_sizes[0])] = measure(precision, batch_sizes[0])
+        render()
+        return None
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    display(widgets.interactive(show, precision=widgets.ToggleButtons(options=list(precisions)),
+                                batch_size=widgets.SelectionSlider(options=list(batch_sizes), description="batch")))

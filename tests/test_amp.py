@@ -1,0 +1,284 @@
+"""course.amp and the 04-amp notebook: the library's reference pieces, the lesson helpers, and the grading round trip."""
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course import amp
+from course.simgpu import GPUSpec, PRESETS, simulated_cuda
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "solutions" / "04-amp" / "amp.ipynb"
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 3))
+
+
+def _batch(n: int = 32, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+# ---- amp_dtype --------------------------------------------------------------------------------------------------
+def test_amp_dtype_cpu_mps_and_strings():
+    assert amp.amp_dtype(torch.device("cpu")) == torch.bfloat16
+    assert amp.amp_dtype("cpu") == torch.bfloat16
+    assert amp.amp_dtype(torch.device("mps")) == torch.float16
+
+
+@pytest.mark.parametrize("gpu", sorted(PRESETS))
+def test_amp_dtype_follows_the_capability_not_is_bf16_supported(gpu: str):
+    spec = PRESETS[gpu]
+    with simulated_cuda(gpu, replace_real=True) as sim:
+        assert torch.cuda.is_bf16_supported()  # True even on the T4: the trap amp_dtype avoids
+        want = torch.bfloat16 if spec.capability >= (8, 0) else torch.float16
+        assert amp.amp_dtype(sim.device) == want
+        assert amp.amp_dtype("cuda") == want
+        assert amp.amp_dtype("cpu") == torch.bfloat16
+
+
+def test_amp_dtype_custom_capabilities():
+    for major, minor, want in ((7, 0, torch.float16), (8, 6, torch.bfloat16), (12, 0, torch.bfloat16)):
+        with simulated_cuda(GPUSpec("X", major, minor, 2**34, 10), replace_real=True) as sim:
+            assert amp.amp_dtype(sim.device) == want
+
+
+def test_amp_dtype_rejects_unknown_device_types():
+    with pytest.raises(ValueError, match="meta"):
+        amp.amp_dtype("meta")
+    with pytest.raises(ValueError, match="not a device"):
+        amp.amp_dtype("nonsense")
+
+
+# ---- make_scaler ------------------------------------------------------------------------------------------------
+def test_make_scaler_is_enabled_only_for_fp16():
+    for dtype, enabled in ((torch.float16, True), (torch.bfloat16, False), (torch.float32, False)):
+        scaler = amp.make_scaler("cpu", dtype)
+        assert isinstance(scaler, torch.amp.GradScaler)
+        assert scaler.is_enabled() is enabled
+        assert scaler._device == "cpu"
+
+
+def test_make_scaler_on_a_simulated_gpu_uses_cuda_and_no_deprecated_api():
+    with simulated_cuda("T4", replace_real=True) as sim, warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        scaler = amp.make_scaler(sim.device, torch.float16)
+        assert scaler.is_enabled() and scaler._device == "cuda"
+        assert not amp.make_scaler(sim.device, torch.bfloat16).is_enabled()
+
+
+# ---- amp_train_step ---------------------------------------------------------------------------------------------
+class _Probe(torch.autograd.Function):
+    seen: list[bool] = []
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _Probe.seen.append(torch.is_autocast_enabled("cpu"))
+        return grad
+
+
+class _ProbeModule(nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return _Probe.apply(t)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_amp_train_step_trains_with_autocast_forward_and_plain_backward(dtype):
+    net = _net()
+    out_dtypes: list[torch.dtype] = []
+    net[0].register_forward_hook(lambda m, a, out: out_dtypes.append(out.dtype))
+    net.insert(2, _ProbeModule())
+    opt = torch.optim.SGD(net.parameters(), lr=0.3)
+    scaler = amp.make_scaler("cpu", dtype)
+    _Probe.seen.clear()
+    losses = [amp.amp_train_step(net, _batch(), opt, scaler, nn.functional.cross_entropy, "cpu", dtype)
+              for _ in range(15)]
+    assert all(isinstance(x, float) for x in losses)
+    assert losses[-1] < 0.9 * losses[0]
+    assert set(out_dtypes) == {dtype}
+    assert _Probe.seen and not any(_Probe.seen)
+
+
+def test_amp_train_step_resets_gradients_to_none_before_backward():
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt.zero_grad = lambda set_to_none=False, _z=opt.zero_grad: _z(set_to_none=set_to_none)  # torch<2.0 default
+    stale = []
+    for p in net.parameters():
+        p.register_hook(lambda g, p=p: stale.append(p.grad is not None))
+    for _ in range(2):
+        amp.amp_train_step(net, _batch(), opt, amp.make_scaler("cpu", torch.bfloat16), nn.functional.cross_entropy,
+                           "cpu", torch.bfloat16)
+    assert len(stale) == 8 and not any(stale)
+
+
+def test_amp_train_step_skips_inf_steps_and_lowers_the_scale():
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    before = copy.deepcopy(net.state_dict())
+    amp.amp_train_step(net, _batch(), opt, scaler, lambda o, t: nn.functional.cross_entropy(o, t) * float("inf"),
+                       "cpu", torch.float16)
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert scaler.get_scale() == 1024.0 * scaler.get_backoff_factor()
+    amp.amp_train_step(net, _batch(), opt, scaler, nn.functional.cross_entropy, "cpu", torch.float16)
+    assert any(not torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize("gpu,dtype", [("T4", torch.float16), ("A100", torch.bfloat16)])
+def test_amp_train_step_on_a_simulated_gpu(gpu, dtype):
+    with simulated_cuda(gpu, replace_real=True) as sim:
+        net = _net().to(sim.device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        scaler = amp.make_scaler(sim.device, dtype)
+        sim.clear()
+        x, y = _batch()
+        loss = amp.amp_train_step(net, (x, y), opt, scaler, nn.functional.cross_entropy, sim.device, dtype)
+        assert isinstance(loss, float)
+        assert all(c.non_blocking for c in sim.h2d_copies)
+        assert len(sim.h2d_copies) == 2
+        assert [r.dtype for r in sim.autocast_regions] == [dtype] and sim.autocast_regions[0].device_type == "cuda"
+        assert not sim.backward_in_autocast and not sim.scaler_with_bf16
+        assert [c.method for c in sim.scaler_calls if c.method != "unscale_"] == ["scale", "step", "update"]
+        assert not sim.warnings or all("pageable" in w for w in sim.warnings)
+
+
+# ---- lesson helpers ---------------------------------------------------------------------------------------------
+def test_format_table_agrees_with_finfo():
+    rows = {r["format"]: r for r in amp.format_table()}
+    assert set(rows) == set(amp.PRECISIONS)
+    for name, dtype in amp.PRECISIONS.items():
+        info = torch.finfo(dtype)
+        row = rows[name]
+        assert row["bits"] == info.bits and row["largest"] == info.max and row["smallest normal"] == info.tiny
+        assert 2.0 ** -row["mantissa bits"] == info.eps
+        assert row["exponent bits"] + row["mantissa bits"] + 1 == info.bits
+        assert torch.tensor(row["smallest subnormal"], dtype=dtype) > 0
+        assert torch.tensor(row["smallest subnormal"] / 2, dtype=dtype) == 0
+
+
+def test_tf32_mode_switches_and_restores():
+    before = amp.tf32_setting()
+    with amp.tf32_mode(True):
+        assert amp.tf32_setting() == "tf32"
+        with amp.tf32_mode(False):
+            assert amp.tf32_setting() == "ieee"
+        assert amp.tf32_setting() == "tf32"
+    assert amp.tf32_setting() == before
+
+
+def test_gradient_underflow_flushes_fp16_only_and_leaves_grads_alone():
+    net = _net()
+    x, y = _batch(256)
+    kwargs = dict(loss_factor=1e-5)
+    fp16 = amp.gradient_underflow(net, (x, y), nn.functional.cross_entropy, dtype=torch.float16, **kwargs)
+    scaled = amp.gradient_underflow(net, (x, y), nn.functional.cross_entropy, dtype=torch.float16,
+                                    loss_scale=2.0 ** 16, **kwargs)
+    bf16 = amp.gradient_underflow(net, (x, y), nn.functional.cross_entropy, dtype=torch.bfloat16, **kwargs)
+    assert fp16 > 0.05 and scaled < fp16 / 10 and bf16 == 0.0
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_saved_activation_bytes_halve_in_16_bits():
+    net = amp_models_matmul()
+    x = torch.rand(64, 1, 8, 8)
+    full = amp.saved_activation_bytes(net, x, torch.float32)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert 0.4 < amp.saved_activation_bytes(net, x, dtype) / full < 0.65
+
+
+def amp_models_matmul() -> nn.Module:
+    from course.models import MatmulBlock
+
+    return MatmulBlock((1, 8, 8), dim=64, depth=2)
+
+
+def test_measure_step_on_cpu():
+    x, y = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    figures = amp.measure_step(amp_models_matmul, x, y, "cpu", "bf16", iters=2, warmup=1)
+    assert figures.precision == "bf16" and figures.batch_size == 16 and figures.device == "cpu"
+    assert figures.step_ms > 0 and figures.activation_mib > 0 and figures.peak_mib is None
+    with pytest.raises(ValueError, match="fp8"):
+        amp.measure_step(amp_models_matmul, x, y, "cpu", "fp8")
+
+
+def test_explore_without_widgets_measures_each_precision_once():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    calls = []
+
+    def measure(precision, batch):
+        calls.append((precision, batch))
+        return amp.StepFigures(precision, batch, 1.0 + len(calls), 0.5, None, "cpu")
+
+    amp.explore(measure, ["fp32", "bf16"], [8, 16], recorded={"A100": 312.0}, recorded_label="datasheet",
+                interactive=False)
+    assert calls == [("fp32", 8), ("bf16", 8)]
+
+
+# ---- the notebook -----------------------------------------------------------------------------------------------
+def test_notebook_never_uses_the_deprecated_api():
+    """torch.cuda.amp appears only where the lesson calls it deprecated, never in code that runs it."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if "torch.cuda.amp" not in cell.source:
+            continue
+        if cell.cell_type == "markdown":
+            assert "deprecated" in cell.source, f"cell {i} mentions torch.cuda.amp without calling it deprecated"
+        else:
+            for line in cell.source.splitlines():
+                assert "torch.cuda.amp" not in line or "deprecated" in line, f"cell {i}: {line}"
+    source = (ROOT / "course" / "amp.py").read_text()
+    assert not re.search(r"torch\.cuda\.amp\.\w+\(", source)
+
+
+def test_autograde_roundtrip(tmp_path: Path):
+    """The solution gets full marks on every graded cell with no errors; the released exercise gets 0 everywhere."""
+    from tests.harness import autograde_roundtrip
+
+    scores = autograde_roundtrip("04-amp", tmp_path)
+    assert scores["solution_errors"] == {}, f"cells that raised while autograding the solution: {scores['solution_errors']}"
+    assert scores["solution"], "no graded cells were found for the solution"
+    for cell, (score, maximum) in scores["solution"].items():
+        assert score == maximum, f"solution: {cell} scored {score} of {maximum}"
+    assert set(scores["exercise"]) == set(scores["solution"])
+    for cell, (score, maximum) in scores["exercise"].items():
+        assert score == 0, f"exercise: {cell} scored {score} of {maximum} before anything was written"
+
+
+# ---- on a real GPU ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_amp_dtype_and_a_step_on_the_real_gpu():
+    device = torch.device("cuda")
+    dtype = amp.amp_dtype(device)
+    want = torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+    assert dtype == want
+    net = _net().to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.3)
+    scaler = amp.make_scaler(device, dtype)
+    losses = [amp.amp_train_step(net, _batch(), opt, scaler, nn.functional.cross_entropy, device, dtype)
+              for _ in range(15)]
+    assert losses[-1] < 0.9 * losses[0]
+
+
+@pytest.mark.gpu
+def test_measure_step_reports_peak_memory_on_the_real_gpu():
+    x, y = torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    figures = {p: amp.measure_step(amp_models_matmul, x, y, "cuda", p, iters=3) for p in ("fp32", "fp16")}
+    assert all(f.peak_mib is not None and f.peak_mib > 0 for f in figures.values())
+    assert figures["fp16"].activation_mib < figures["fp32"].activation_mib

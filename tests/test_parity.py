@@ -1,0 +1,89 @@
+"""course.parity and the 05-parity notebook: the lesson helpers and the grading round trip."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course import parity
+
+
+def test_parity_data_is_loaded_once():
+    assert parity.parity_data() is parity.parity_data()
+
+
+def test_parity_loaders_follow_the_seed():
+    data = parity.parity_data()
+
+    def first_targets(seed: int) -> torch.Tensor:
+        return next(iter(parity.parity_loaders(data, seed)[0]))[1]
+
+    assert torch.equal(first_targets(3), first_targets(3))
+    assert not torch.equal(first_targets(3), first_targets(4))
+    _, val = parity.parity_loaders(data, 3)
+    labels = torch.cat([y for _, y in val])
+    assert torch.equal(labels, data.val.tensors[1])  # never shuffled, whole
+
+
+def test_parity_model_fits_the_data_and_follows_the_seed():
+    data = parity.parity_data()
+    torch.manual_seed(0)
+    a = parity.parity_model(data)
+    torch.manual_seed(0)
+    b = parity.parity_model(data)
+    x = data.val.tensors[0][:5]
+    assert a(x).shape == (5, data.num_classes)
+    assert torch.equal(a(x), b(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_island_runs_its_module_in_fp32(dtype):
+    layer = nn.Linear(4, 3)
+    island = parity.FP32Island(layer)
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=dtype):
+        assert layer(x).dtype == dtype
+        out = island(x.to(dtype))
+        assert out.dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu")  # switched back on after the island
+    out.sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None
+
+
+def test_watch_nonfinite_names_the_first_bad_module_and_removes_its_hooks():
+    class Blow(nn.Module):
+        def forward(self, t):
+            return t * torch.tensor(float("inf"))
+
+    model = nn.Sequential(nn.Linear(3, 3), Blow(), nn.Linear(3, 2))
+    with parity.watch_nonfinite(model) as found:
+        model(torch.ones(1, 3))
+    assert found[0] == "1"
+    assert all(not m._forward_hooks for m in model.modules())
+    with parity.watch_nonfinite(nn.Sequential(nn.Linear(3, 2))) as clean:
+        nn.Sequential(nn.Linear(3, 2))(torch.ones(1, 3))
+    assert clean == []
+
+
+def test_parity_plot_draws_both_precisions():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = parity.parity_plot([90.0, 91.0], [90.5, 90.0], labels=("fp32", "bf16"))
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "bf16"]
+
+
+def test_autograde_roundtrip(tmp_path: Path):
+    """The solution gets full marks on every graded cell with no errors; the released exercise gets 0 everywhere."""
+    from tests.harness import autograde_roundtrip
+
+    scores = autograde_roundtrip("05-parity", tmp_path)
+    assert scores["solution_errors"] == {}, f"cells that raised while autograding the solution: {scores['solution_errors']}"
+    assert scores["solution"], "no graded cells were found for the solution"
+    for cell, (score, maximum) in scores["solution"].items():
+        assert score == maximum, f"solution: {cell} scored {score} of {maximum}"
+    assert set(scores["exercise"]) == set(scores["solution"])
+    for cell, (score, maximum) in scores["exercise"].items():
+        assert score == 0, f"exercise: {cell} scored {score} of {maximum} before anything was written"
