@@ -177,6 +177,16 @@ def _check_cuda(device: Any) -> torch.device:
     return dev
 
 
+def _host_bytes(n: int) -> torch.Tensor:
+    """`n` bytes of ordinary host memory, written once so that every page is really there.
+
+    A fresh torch.empty() of many MiB is untouched memory: until it is written, the operating system maps every
+    page of it to one shared page of zeros, which the CPU reads from its cache. Copies from it would look faster
+    than copies of real data.
+    """
+    return torch.full((n,), 1, dtype=torch.uint8)
+
+
 def measure_h2d(device: Any = "cuda", size_mib: int = 64, iters: int = 10, warmup: int = 2) -> CopyFigure:
     """Host-to-device bandwidth in GB/s from pageable and from pinned memory, timed with course.timing.timed.
 
@@ -187,8 +197,8 @@ def measure_h2d(device: Any = "cuda", size_mib: int = 64, iters: int = 10, warmu
 
     dev = _check_cuda(device)
     n = size_mib * 2**20
-    pageable = torch.empty(n, dtype=torch.uint8)
-    pinned = torch.empty(n, dtype=torch.uint8).pin_memory()
+    pageable = _host_bytes(n)
+    pinned = pageable.pin_memory()
     target = torch.empty(n, dtype=torch.uint8, device=dev)
     gbps = {}
     for name, source in (("pageable", pageable), ("pinned", pinned)):
@@ -209,7 +219,7 @@ def pin_on_the_fly(device: Any = "cuda", size_mib: int = 64, iters: int = 10, wa
     from .timing import timed
 
     dev = _check_cuda(device)
-    pageable = torch.empty(size_mib * 2**20, dtype=torch.uint8)
+    pageable = _host_bytes(size_mib * 2**20)
     pinned = pageable.pin_memory()
     ways = {
         "plain .to()": lambda: pageable.to(dev),

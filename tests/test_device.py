@@ -82,3 +82,13 @@ def test_autograde_round_trip(tmp_path: Path):
         assert score == total > 0, f"solution: {cell} scored {score}/{total}"
     for cell, (score, total) in exercise.items():
         assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
+
+
+@pytest.mark.gpu
+def test_hidden_tests_pass_on_a_real_gpu():
+    """On a GPU machine the hidden tests take their real-GPU branches: the solution must pass them there too."""
+    from tests.harness import run_function_tests
+
+    for name in sorted(GRADED):
+        results = run_function_tests(NOTEBOOK, name)
+        assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]

@@ -194,3 +194,27 @@ def test_autograde_round_trip(tmp_path: Path):
         assert score == total > 0, f"solution: {cell} scored {score}/{total}"
     for cell, (score, total) in exercise.items():
         assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
+
+
+@pytest.mark.gpu
+def test_hidden_tests_pass_on_a_real_gpu():
+    """On a GPU machine gpu_session() yields the real device: the solution must pass every test cell there too."""
+    from grader.nbtools import SOLUTIONS
+    from tests.harness import run_function_tests
+
+    for name in ("make_loader", "to_device", "copy_to_host"):
+        results = run_function_tests(SOLUTIONS / ASSIGNMENT / "transfer.ipynb", name)
+        assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
+
+
+@pytest.mark.gpu
+def test_copies_back_read_too_early_are_caught_on_a_real_gpu():
+    """A real copy engine can beat Python to a small buffer; the hidden tests must still catch every such mistake."""
+    from grader.nbtools import SOLUTIONS
+    from tests.harness import load_catalogue, run_function_tests
+
+    catalogue = load_catalogue(Path(__file__).parent / "mutations" / "transfer.py")
+    for v in catalogue:
+        if v.wrong and v.function in ("copy_to_host", "to_device"):
+            results = run_function_tests(SOLUTIONS / ASSIGNMENT / "transfer.ipynb", v.function, v.source)
+            assert not all(r.passed for r in results), f"{v.function}/{v.name} passed on a real GPU"

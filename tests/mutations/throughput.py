@@ -75,6 +75,10 @@ def time_gpu(fn, device, iters=20, warmup=3):
             times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 ''', "reads elapsed_time before the GPU reached the end event (device not ready)"),
+    Variant("time_gpu", "events_without_enable_timing", True,
+            _TIME_GPU_EVENTS.format(result="float(statistics.median(times))").replace(
+                "torch.cuda.Event(enable_timing=True)", "torch.cuda.Event()"),
+            "events made without enable_timing=True cannot be timed: elapsed_time raises (ValueError on a real GPU)"),
     Variant("time_gpu", "perf_counter_and_sync_on_cuda", True, '''
 def time_gpu(fn, device, iters=20, warmup=3):
     def sync():
