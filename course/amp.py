@@ -10,6 +10,7 @@ Introduced in 04-amp.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -117,22 +118,25 @@ def tf32_setting() -> str:
     """How fp32 matmuls run on CUDA now: "tf32" or "ieee" (full fp32). Introduced in 04-amp.
 
     Reads torch.backends.cuda.matmul.fp32_precision on torch >= 2.9 (resolving "none" through the parent
-    settings, as course.env does), torch.get_float32_matmul_precision() on older torch.
+    settings, as course.env does), the legacy allow_tf32 flag on older torch; never mixes the two APIs.
+    Cheap: it reads torch's settings only (course.env.precision_settings), not nvidia-smi.
     """
-    from course.env import record_sheet
+    from course.env import precision_settings
 
-    sheet = record_sheet()
-    if sheet.get("matmul_fp32_precision"):
-        return str(sheet["matmul_fp32_precision"])
-    return "tf32" if sheet.get("tf32_matmul") else "ieee"
+    settings = precision_settings()
+    if settings.get("matmul_fp32_precision"):
+        return str(settings["matmul_fp32_precision"])
+    return "tf32" if settings.get("tf32_matmul") else "ieee"
 
 
 @contextlib.contextmanager
 def tf32_mode(enabled: bool) -> Iterator[None]:
     """Inside the block, fp32 matmuls on CUDA use TF32 Tensor Cores (True) or full fp32 (False); restored on exit.
 
-    TF32 is a switch separate from autocast: it changes fp32 matmuls only, and it has been off by default since
-    PyTorch 1.12. Uses torch.backends.cuda.matmul.fp32_precision on torch >= 2.9, and
+    TF32 is a switch separate from autocast: this one changes fp32 matmuls only, and it has been off by default
+    since PyTorch 1.12 (cuDNN convolutions have their own switch, on by default). Uses only the new
+    torch.backends.cuda.matmul.fp32_precision on torch >= 2.9 (there, after the new API has set TF32, the legacy
+    readers such as torch.get_float32_matmul_precision() raise, so nothing here touches them), and only
     torch.set_float32_matmul_precision on older torch. Harmless on a machine without CUDA. Introduced in 04-amp.
     """
     matmul = torch.backends.cuda.matmul
@@ -211,8 +215,10 @@ def measure_step(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, target
                  device: torch.device | str, precision: str, *, iters: int = 5, warmup: int = 2) -> StepFigures:
     """Time amp_train_step for a fresh model_fn() in `precision` ("fp32", "fp16", "bf16"); measure its memory.
 
-    Step time comes from course.timing.timed; activation memory from saved_activation_bytes; peak memory from
-    torch.cuda.max_memory_allocated on CUDA (None elsewhere: the CPU allocator keeps no such counter).
+    Step time comes from course.timing.timed (CUDA events on a GPU, after warm-up); activation memory from
+    saved_activation_bytes; peak memory from torch.cuda.max_memory_allocated on CUDA, counted from a reset made
+    after everything earlier was freed and the GPU had finished (None elsewhere: the CPU allocator keeps no such
+    counter). The peak includes the weights, gradients and batch of this model, which stay fp32 in every precision.
     Introduced in 04-amp.
     """
     from course.timing import timed
@@ -226,6 +232,7 @@ def measure_step(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, target
     batch = (inputs.to(device), targets.to(device))
     loss_fn = nn.functional.cross_entropy
     if device.type == "cuda":
+        gc.collect()  # the previous measurement's model, if a reference cycle still holds it
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     timing = timed(lambda: amp_train_step(model, batch, optimizer, scaler, loss_fn, device, dtype),

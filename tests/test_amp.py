@@ -179,6 +179,24 @@ def test_tf32_mode_switches_and_restores():
     assert amp.tf32_setting() == before
 
 
+def test_tf32_mode_never_mixes_the_legacy_and_new_apis():
+    """torch >= 2.9 raises in the legacy readers once the new API has set TF32; after the block they work again."""
+    new_api = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+    with amp.tf32_mode(True):
+        if new_api:
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        else:
+            assert torch.get_float32_matmul_precision() == "high"
+    torch.get_float32_matmul_precision()  # raises "mix of the legacy and new APIs" if the block left TF32 set
+
+
+def test_tf32_setting_reads_torch_settings_without_nvidia_smi(monkeypatch):
+    import course.env
+
+    monkeypatch.setattr(course.env, "nvidia_smi", lambda: pytest.fail("tf32_setting ran nvidia-smi"))
+    assert amp.tf32_setting() in ("tf32", "ieee")
+
+
 def test_gradient_underflow_flushes_fp16_only_and_leaves_grads_alone():
     net = _net()
     x, y = _batch(256)
@@ -282,3 +300,42 @@ def test_measure_step_reports_peak_memory_on_the_real_gpu():
     figures = {p: amp.measure_step(amp_models_matmul, x, y, "cuda", p, iters=3) for p in ("fp32", "fp16")}
     assert all(f.peak_mib is not None and f.peak_mib > 0 for f in figures.values())
     assert figures["fp16"].activation_mib < figures["fp32"].activation_mib
+
+
+@pytest.mark.gpu
+def test_measure_step_peak_memory_starts_from_a_reset_on_the_real_gpu():
+    big = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")  # 512 MiB, freed before the measurement
+    del big
+    x, y = torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    figures = amp.measure_step(amp_models_matmul, x, y, "cuda", "fp32", iters=2, warmup=1)
+    assert 0 < figures.peak_mib < 256, f"peak {figures.peak_mib:.0f} MiB includes memory freed before the step"
+
+
+@pytest.mark.gpu
+def test_tf32_mode_switches_real_fp32_matmuls():
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 needs compute capability 8.0 or newer")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(1024, 1024, device="cuda", generator=g)
+    b = torch.randn(1024, 1024, device="cuda", generator=g)
+    exact = a.double() @ b.double()
+
+    def error(product: torch.Tensor) -> float:
+        return ((product.double() - exact).abs().max() / exact.abs().max()).item()
+
+    with amp.tf32_mode(False):
+        ieee = error(a @ b)
+    with amp.tf32_mode(True):
+        tf32 = error(a @ b)
+    assert tf32 > 10 * ieee, f"TF32 error {tf32:.2e} is not clearly above the fp32 error {ieee:.2e}"
+
+
+@pytest.mark.gpu
+def test_notebook_lesson_cells_run_on_the_real_gpu(monkeypatch):
+    """Every CUDA branch of the lesson cells (measurements, TF32 bar, peak memory) runs without an error."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")  # the shrunk run
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()

@@ -14,6 +14,13 @@ def test_parity_data_is_loaded_once():
     assert parity.parity_data() is parity.parity_data()
 
 
+def test_parity_data_under_the_autograder_is_the_offline_digits(monkeypatch):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    data = parity.parity_data()
+    assert data.name == "digits" and data is parity.parity_data("digits")
+    assert len(data.train) <= parity.TRAIN_LIMIT
+
+
 def test_parity_loaders_follow_the_seed():
     data = parity.parity_data()
 
@@ -87,3 +94,15 @@ def test_autograde_roundtrip(tmp_path: Path):
     assert set(scores["exercise"]) == set(scores["solution"])
     for cell, (score, maximum) in scores["exercise"].items():
         assert score == 0, f"exercise: {cell} scored {score} of {maximum} before anything was written"
+
+
+@pytest.mark.gpu
+def test_notebook_lesson_cells_run_on_the_real_gpu(monkeypatch):
+    """Every CUDA branch of the lesson cells (training runs, raw-pixel demos, the fp16 probe) runs without an error."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")  # the shrunk run
+    root = Path(__file__).resolve().parent.parent
+    nb = nbformat.read(root / "solutions" / "05-parity" / "parity.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()

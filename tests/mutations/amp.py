@@ -83,6 +83,13 @@ VARIANTS = [
         return torch.bfloat16 if major >= 8 else torch.float16
     return torch.float16 if device.type == "mps" else torch.bfloat16
 """), "major >= 8 is the same rule"),
+    Variant("amp_dtype", "bf16_supported_without_emulation", False, _dtype("""
+    device = torch.device(device)
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)  # False on a T4, unlike the default
+        return torch.bfloat16 if native else torch.float16
+    return torch.float16 if device.type == "mps" else torch.bfloat16
+"""), "is_bf16_supported without emulation asks the capability too"),
     Variant("amp_dtype", "device_properties", False, _dtype("""
     device = device if isinstance(device, torch.device) else torch.device(device)
     rules = {"mps": torch.float16, "cpu": torch.bfloat16}

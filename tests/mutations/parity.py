@@ -114,6 +114,12 @@ VARIANTS = [
             scaler.step(optimizer)
             scaler.update()
 """), "rewrites the training step instead of using the library's amp_train_step"),
+    Variant("train_and_evaluate", "device_none_is_cpu", True, _train(
+        'device = "cuda" if torch.cuda.is_available() else "cpu"', 'device = "cpu"'),
+            "device=None always means the CPU, even with a GPU present"),
+    Variant("train_and_evaluate", "model_left_on_cpu", True, _train(
+        "model = parity_model(data).to(device)", "model = parity_model(data)"),
+            "the model is never moved to the device: on a GPU the first step fails or trains on the CPU"),
     Variant("train_and_evaluate", "sgd_and_fp32_eval", False, _train(
         "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)",
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)").replace(
