@@ -23,8 +23,8 @@ class SmallCNN(nn.Module):
 
     Global pooling lets 8×8 digits and 28×28 Fashion-MNIST (any size from 2×2 up) share one
     architecture. It is a max over positions (what nn.AdaptiveMaxPool2d(1) computes) written as
-    `amax`, because the adaptive pooling layers' CUDA backward has no deterministic implementation
-    and 05-parity runs with torch.use_deterministic_algorithms(True). With max rather than mean
+    `amax`, because the adaptive pooling layers' CUDA backward has no deterministic implementation,
+    so the model also trains under torch.use_deterministic_algorithms(True). With max rather than mean
     pooling and batch norm, two epochs of Adam (lr=1e-3, batch 64) reach over 90 % on the digits in our runs.
     Remember model.eval() before validation: batch norm behaves differently in training.
     Introduced in 01-device.
