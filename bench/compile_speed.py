@@ -1,0 +1,76 @@
+"""Eager against torch.compile on this machine: the lesson's elementwise chain and a tiny MLP (06-compile).
+
+    .venv/bin/python bench/compile_speed.py [--device cpu|cuda] [--iters 20] [--cold]
+
+Prints, for each case, the one-time costs apart from the steady state: the import of the compiler stack, the
+torch.compile() call itself (lazy: it compiles nothing), the first call (where compiling happens) and the median
+milliseconds per call after warm-up, eager and compiled, with the speedup and the largest output difference.
+--cold points Inductor at an empty cache directory, as on a fresh machine; without it, kernels compiled by an
+earlier run are reused from /tmp/torchinductor_<user>.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--iters", type=int, default=20, help="timed calls per measurement (median reported)")
+    parser.add_argument("--cold", action="store_true", help="start from an empty Inductor cache")
+    args = parser.parse_args(argv)
+    cold_dir = tempfile.mkdtemp(prefix="torchinductor_cold_") if args.cold else None
+    if cold_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold_dir
+    try:
+        return _run(args)
+    finally:
+        if cold_dir:
+            shutil.rmtree(cold_dir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Measure and print; torch is imported here, after --cold has set the cache directory."""
+    import torch
+
+    from course.compile import compile_report, elementwise_chain
+    from course.models import MLP
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    start = time.perf_counter()
+    import torch._inductor.compile_fx  # noqa: F401 - timed on purpose: a one-time cost of the first compile
+
+    import_s = time.perf_counter() - start
+    start = time.perf_counter()
+    torch.compile(elementwise_chain)
+    call_ms = 1000 * (time.perf_counter() - start)
+    where = os.environ.get("TORCHINDUCTOR_CACHE_DIR", f"{tempfile.gettempdir()}/torchinductor_<user>")
+    print(f"torch {torch.__version__} on {device} ({torch.get_num_threads()} threads); Inductor cache: {where}")
+    print(f"importing the compiler stack: {import_s:.2f} s (once per process); torch.compile() call: {call_ms:.2f} ms")
+
+    torch.manual_seed(0)
+    cases = {
+        "elementwise chain, 4M values": (elementwise_chain, torch.randn(4_000_000, device=device)),
+        "tiny MLP 64-128-128-10, batch 32": (MLP(64, hidden=128, depth=2).to(device).eval(),
+                                            torch.randn(32, 64, device=device)),
+    }
+    print(f"{'case':<34} {'first call s':>12} {'eager ms':>10} {'compiled ms':>12} {'speedup':>8} {'max |diff|':>11}")
+    for name, (fn, example) in cases.items():
+        r = compile_report(fn, example, iters=args.iters)
+        print(f"{name:<34} {r['compile_s']:12.2f} {r['eager_ms']:10.3f} {r['compiled_ms']:12.3f} "
+              f"{r['speedup']:7.2f}x {r['max_abs_diff']:11.2e}")
+    print("first call = compiling (the first case in a process also pays one-time set-up); "
+          "ms = median per call after warm-up")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

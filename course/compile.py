@@ -1,0 +1,227 @@
+"""torch.compile: measuring it honestly, falling back safely, and watching what Dynamo captures.
+
+`compile_report` and `safe_compile` are the reference versions of the functions learners write in 06-compile
+(bench/compile_speed.py uses them). `elementwise_chain` is the lesson's example of code that compiling speeds up,
+`GraphRecorder` is a backend that shows which graphs Dynamo captures (recompilations, graph breaks) without paying
+for Inductor, and `stand_in_compile` replaces `torch.compile` for a test with a fake whose costs are known, so that a
+test can tell compile time from steady-state time in a second instead of a real compile's ten.
+
+Introduced in 06-compile.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = [
+    "PT2_ANNOUNCEMENT", "elementwise_chain", "max_abs_diff", "compile_report", "safe_compile",
+    "GraphRecorder", "RecordedGraph", "StandInRecord", "stand_in_compile",
+]
+
+# Published GPU figures for the lesson's recorded-figure cells: the PyTorch 2.0 announcement
+# (https://pytorch.org/get-started/pytorch-2.0/), torch.compile on 163 open-source models trained on an A100.
+PT2_ANNOUNCEMENT: dict[str, Any] = {
+    "source": "PyTorch 2.0 announcement (pytorch.org/get-started/pytorch-2.0, 2022-12): 163 open-source models, "
+              "NVIDIA A100, training",
+    "models": 163,
+    "works_on": "93%",
+    "training speedup, mean": "43% faster",
+    "training speedup, fp32": "21% faster",
+    "training speedup, AMP": "51% faster",
+}
+
+
+def elementwise_chain(x: torch.Tensor) -> torch.Tensor:
+    """Seven elementwise ops in a row: eager reads and writes memory for each, a compiled kernel once for all.
+
+    Introduced in 06-compile.
+    """
+    return torch.sigmoid(torch.sin(x) * torch.cos(x) + x.abs().sqrt()).mul(2.0).exp()
+
+
+def _leaves(out: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    """The largest |a - b| over every tensor of two outputs of the same structure, in float32, as a float.
+
+    Raises ValueError when the two outputs hold different numbers of tensors. Introduced in 06-compile.
+    """
+    left, right = _leaves(a), _leaves(b)
+    if len(left) != len(right) or not left:
+        raise ValueError(f"cannot compare outputs: {len(left)} tensors against {len(right)}")
+    return max(float((x.detach().float() - y.detach().float()).abs().max()) for x, y in zip(left, right))
+
+
+def compile_report(model: Callable[[torch.Tensor], Any], example_input: torch.Tensor, iters: int = 20) -> dict[str, float]:
+    """Compile `model` once and compare it with eager on `example_input`.
+
+    Returns compile_s (the synchronised wall time of the first compiled call, which is when compiling happens:
+    torch.compile() itself returns at once), eager_ms and compiled_ms (median steady-state milliseconds per call,
+    after warm-up, from course.timing.timed), speedup (eager_ms / compiled_ms) and max_abs_diff (eager against
+    compiled output). Runs without gradients. Introduced in 06-compile.
+    """
+    from course.timing import sync, timed
+
+    device = example_input.device
+    with torch.no_grad():
+        expected = model(example_input)
+        eager = timed(lambda: model(example_input), device, iters=iters)
+        compiled = torch.compile(model)  # lazy: nothing is compiled yet
+        sync(device)
+        start = time.perf_counter()
+        got = compiled(example_input)
+        sync(device)
+        compile_s = time.perf_counter() - start
+        steady = timed(lambda: compiled(example_input), device, iters=iters)
+    return {
+        "compile_s": compile_s,
+        "eager_ms": eager.median_ms,
+        "compiled_ms": steady.median_ms,
+        "speedup": eager.median_ms / steady.median_ms,
+        "max_abs_diff": max_abs_diff(got, expected),
+    }
+
+
+def safe_compile(model: nn.Module, example_input: torch.Tensor, **compile_kwargs: Any) -> tuple[Any, bool]:
+    """torch.compile(model, **compile_kwargs) and one call on `example_input`, which is when compiling happens.
+
+    Returns (compiled, True) when that works, and (model, False) with a RuntimeWarning naming the error otherwise,
+    so a missing C++ compiler, an unsupported Python or a Dynamo bug costs speed, never the run.
+    Introduced in 06-compile.
+    """
+    try:
+        compiled = torch.compile(model, **compile_kwargs)
+        compiled(example_input)
+    except Exception as exc:  # noqa: BLE001 - any failure to compile means: run eagerly, and say why
+        warnings.warn(f"torch.compile failed, running the model eagerly instead: {type(exc).__name__}: {exc}",
+                      RuntimeWarning, stacklevel=2)
+        return model, False
+    return compiled, True
+
+
+@dataclass(frozen=True)
+class RecordedGraph:
+    """One graph that Dynamo captured: its input shapes (symbolic ones like s0 when dynamic) and its ops.
+
+    Introduced in 06-compile.
+    """
+    inputs: tuple[str, ...]
+    ops: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"inputs {', '.join(self.inputs) or '-'} | {len(self.ops)} ops: {', '.join(self.ops)}"
+
+
+class GraphRecorder:
+    """A torch.compile backend that records every graph Dynamo hands it and runs that graph as it is.
+
+    `torch.compile(fn, backend=GraphRecorder())` shows what Dynamo captures, and when it captures again
+    (a recompilation) or splits a function (a graph break), without paying for Inductor's code generation.
+    Introduced in 06-compile.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: list[RecordedGraph] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        inputs, ops = [], []
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                value = node.meta.get("example_value")
+                inputs.append(f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"size {value}")
+            elif node.op in ("call_function", "call_method", "call_module"):
+                target = node.target
+                ops.append(target if isinstance(target, str) else getattr(target, "__name__", str(target)))
+        self.graphs.append(RecordedGraph(tuple(inputs), tuple(ops)))
+        return gm.forward
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def __str__(self) -> str:
+        return "\n".join(f"graph {i}: {g}" for i, g in enumerate(self.graphs)) or "no graph captured yet"
+
+
+@dataclass
+class StandInRecord:
+    """What happened under `stand_in_compile`: each torch.compile call's keyword arguments and every call made.
+
+    `compiled` holds what each torch.compile call returned; `first_calls` counts compiled objects called at least
+    once; `calls` counts every call through them. Introduced in 06-compile.
+    """
+    compile_calls: list[dict[str, Any]] = field(default_factory=list)
+    compiled: list[Any] = field(default_factory=list)
+    first_calls: int = 0
+    calls: int = 0
+    first_call_s: float = 0.0
+
+
+class _StandInModule(nn.Module):
+    """What the stand-in returns for an nn.Module: shares the module's parameters, like torch.compile's wrapper."""
+
+    def __init__(self, module: nn.Module, call: Callable[..., Any]) -> None:
+        super().__init__()
+        self._orig_mod = module
+        self._stand_in_call = call
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._stand_in_call(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def stand_in_compile(first_call_s: float = 0.0, *, fail: BaseException | None = None, fail_at: str = "first_call",
+                     run: Callable[[Any], Callable[..., Any]] | None = None) -> Iterator[StandInRecord]:
+    """Replace torch.compile, inside the block only, with a fake whose costs a test knows.
+
+    Like the real one, the fake returns at once and "compiles" on the first call of what it returned: that call
+    sleeps `first_call_s` seconds first. Each torch.compile call is a fresh compile. `run(model)` gives what the
+    compiled object runs instead of `model` (default: `model` itself), e.g. a faster or slightly different version.
+    `fail` is raised at torch.compile() when fail_at="compile", or at every call of the compiled object when
+    fail_at="first_call" (a compile that never succeeds). The original torch.compile is always restored.
+    Introduced in 06-compile.
+    """
+    if fail_at not in ("first_call", "compile"):
+        raise ValueError(f"fail_at={fail_at!r}: use 'first_call' or 'compile'")
+    record = StandInRecord(first_call_s=first_call_s)
+    original = torch.compile
+
+    def fake_compile(model: Any = None, **kwargs: Any) -> Any:
+        if model is None:  # used as a decorator with arguments: @torch.compile(mode=...)
+            return lambda m: fake_compile(m, **kwargs)
+        record.compile_calls.append(dict(kwargs))
+        if fail is not None and fail_at == "compile":
+            raise fail
+        target = run(model) if run is not None else model
+        state = {"called": False}
+
+        def call(*args: Any, **kw: Any) -> Any:
+            record.calls += 1
+            if not state["called"]:
+                state["called"] = True
+                record.first_calls += 1
+                if fail is None:
+                    time.sleep(first_call_s)
+            if fail is not None:
+                raise fail
+            return target(*args, **kw)
+
+        compiled = _StandInModule(model, call) if isinstance(model, nn.Module) else functools.wraps(model)(call)
+        record.compiled.append(compiled)
+        return compiled
+
+    torch.compile = fake_compile
+    try:
+        yield record
+    finally:
+        torch.compile = original

@@ -1,0 +1,235 @@
+"""course/compile.py and the 06-compile notebook: library behaviour, notebook layout, and the autograde round trip."""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course.compile import (
+    PT2_ANNOUNCEMENT, GraphRecorder, compile_report, elementwise_chain, max_abs_diff, safe_compile, stand_in_compile,
+)
+from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
+from tests.harness import autograde_roundtrip
+
+ASSIGNMENT = "06-compile"
+NOTEBOOK = SOLUTIONS / ASSIGNMENT / "compile.ipynb"
+GRADED = {"compile_report": ["test_compile_report"], "safe_compile": ["test_safe_compile"],
+          "fit": ["test_fit", "test_fit_precision", "test_fit_compile"]}
+
+
+class Pause(nn.Module):
+    """Doubles its input; every call sleeps pause_s, so its time is known."""
+
+    def __init__(self, pause_s: float = 0.002) -> None:
+        super().__init__()
+        self.pause_s = pause_s
+        self.weight = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.pause_s)
+        return x * self.weight
+
+
+def _tiny(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) * 2.0 + 1.0
+
+
+# ---------------------------------------------------------------- helpers
+def test_elementwise_chain_matches_its_formula():
+    x = torch.rand(1000) + 0.1
+    expected = torch.exp(2.0 * torch.sigmoid(torch.sin(x) * torch.cos(x) + torch.sqrt(torch.abs(x))))
+    torch.testing.assert_close(elementwise_chain(x), expected)
+
+
+def test_max_abs_diff_takes_the_largest_difference_over_every_tensor():
+    a = torch.zeros(3)
+    assert max_abs_diff(a, a) == 0.0
+    assert max_abs_diff(a, torch.tensor([0.0, -0.5, 0.25])) == pytest.approx(0.5)
+    assert max_abs_diff((a, {"y": a}), (a, {"y": a + 3.0})) == pytest.approx(3.0)
+    assert max_abs_diff(a.to(torch.bfloat16), a + 1) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="cannot compare"):
+        max_abs_diff((a, a), a)
+
+
+def test_published_figures_name_their_source():
+    assert "PyTorch 2.0" in PT2_ANNOUNCEMENT["source"] and PT2_ANNOUNCEMENT["models"] == 163
+
+
+# ---------------------------------------------------------------- the stand-in compiler
+def test_stand_in_is_lazy_and_its_first_call_pays_once():
+    original = torch.compile
+    with stand_in_compile(first_call_s=0.2) as record:
+        assert torch.compile is not original
+        start = time.perf_counter()
+        compiled = torch.compile(_tiny, mode="max-autotune")
+        assert time.perf_counter() - start < 0.1, "like the real one, the stand-in's torch.compile() returns at once"
+        start = time.perf_counter()
+        compiled(torch.ones(2))
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        out = compiled(torch.ones(2))
+        second = time.perf_counter() - start
+    assert torch.compile is original
+    assert first >= 0.2 and second < 0.1
+    assert record.compile_calls == [{"mode": "max-autotune"}] and record.first_calls == 1 and record.calls == 2
+    torch.testing.assert_close(out, _tiny(torch.ones(2)))
+
+
+def test_stand_in_restores_torch_compile_after_an_exception():
+    original = torch.compile
+    with pytest.raises(KeyError):
+        with stand_in_compile():
+            raise KeyError("boom")
+    assert torch.compile is original
+
+
+def test_stand_in_wraps_modules_sharing_their_parameters_and_runs_the_replacement():
+    model = nn.Linear(3, 2)
+    with stand_in_compile(run=lambda m: (lambda x: m(x) + 1.0)) as record:
+        compiled = torch.compile(model)
+        decorated = torch.compile(mode="reduce-overhead")(model)
+        x = torch.randn(4, 3)
+        torch.testing.assert_close(compiled(x), model(x) + 1.0)
+    assert isinstance(compiled, nn.Module)
+    assert {id(p) for p in compiled.parameters()} == {id(p) for p in model.parameters()}
+    assert isinstance(decorated, nn.Module) and record.compile_calls[1] == {"mode": "reduce-overhead"}
+    assert record.compiled == [compiled, decorated]
+
+
+def test_stand_in_failures_at_the_call_or_at_every_use():
+    with stand_in_compile(fail=RuntimeError("no compiler"), fail_at="compile"):
+        with pytest.raises(RuntimeError, match="no compiler"):
+            torch.compile(_tiny)
+    with stand_in_compile(fail=RuntimeError("broken")) as record:
+        compiled = torch.compile(_tiny)
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="broken"):
+                compiled(torch.ones(1))
+    assert record.first_calls == 1 and record.calls == 2
+    with pytest.raises(ValueError, match="fail_at"):
+        with stand_in_compile(fail_at="later"):
+            pass
+
+
+# ---------------------------------------------------------------- reference compile_report / safe_compile
+def test_compile_report_takes_compile_time_from_the_first_call_only():
+    delay, iters = 0.3, 5
+    with stand_in_compile(first_call_s=delay, run=lambda m: (lambda x: m(x) + 0.5)):
+        report = compile_report(Pause(), torch.ones(3), iters=iters)
+    assert set(report) == {"compile_s", "eager_ms", "compiled_ms", "speedup", "max_abs_diff"}
+    assert report["compile_s"] >= delay
+    assert report["compiled_ms"] < 0.5 * 1000 * delay / iters
+    assert report["speedup"] == pytest.approx(report["eager_ms"] / report["compiled_ms"])
+    assert report["max_abs_diff"] == pytest.approx(0.5)
+
+
+def test_compile_report_with_the_real_compiler_on_a_tiny_function():
+    """One real Inductor compile of a tiny elementwise function (its kernel is cached in /tmp/torchinductor_*)."""
+    report = compile_report(_tiny, torch.randn(1024), iters=3)
+    assert report["compile_s"] > 0 and report["eager_ms"] > 0 and report["compiled_ms"] > 0
+    assert report["max_abs_diff"] < 1e-5
+    assert all(isinstance(v, float) and math.isfinite(v) for v in report.values())
+
+
+def test_safe_compile_returns_the_compiled_model_after_a_working_first_call():
+    model = nn.Linear(3, 2)
+    with stand_in_compile() as record:
+        compiled, worked = safe_compile(model, torch.randn(1, 3), dynamic=False)
+    assert worked is True and compiled is record.compiled[0] and record.first_calls == 1
+    assert record.compile_calls == [{"dynamic": False}]
+
+
+@pytest.mark.parametrize("fail_at", ["first_call", "compile"])
+def test_safe_compile_falls_back_and_says_why(fail_at: str):
+    model = nn.Linear(3, 2)
+    with stand_in_compile(fail=RuntimeError("no C++ compiler found"), fail_at=fail_at):
+        with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+            result, worked = safe_compile(model, torch.randn(1, 3))
+    assert result is model and worked is False
+
+
+def test_safe_compile_catches_a_real_backend_failure():
+    def broken(graph_module, example_inputs):
+        raise RuntimeError("this backend compiles nothing")
+
+    model = nn.Linear(3, 2)
+    with pytest.warns(RuntimeWarning, match="BackendCompilerFailed"):
+        result, worked = safe_compile(model, torch.randn(1, 3), backend=broken)
+    assert result is model and worked is False
+
+
+def test_graph_recorder_shows_a_recompilation_with_a_symbolic_size():
+    torch._dynamo.reset()
+    recorder = GraphRecorder()
+    fn = torch.compile(_tiny, backend=recorder)
+    for n in (4, 8, 16):
+        x = torch.randn(n)
+        torch.testing.assert_close(fn(x), _tiny(x))
+    assert len(recorder) == 2, str(recorder)
+    assert recorder.graphs[0].inputs == ("shape (4,)",)
+    assert any("size s" in i for i in recorder.graphs[1].inputs), str(recorder)
+    assert {"relu", "mul", "add"} <= set(recorder.graphs[0].ops)
+    assert str(recorder).startswith("graph 0:")
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------- the notebook
+@pytest.fixture(scope="module")
+def nb():
+    return read(NOTEBOOK)
+
+
+def test_cell_layout_and_graded_cells(nb):
+    """Title, Colab cell and setup first; each solution cell is followed by its test cells; a summary at the end."""
+    assert nb.cells[0].cell_type == "markdown" and "colab-badge.svg" in nb.cells[0].source
+    assert [grade_id(c) for c in nb.cells[1:3]] == ["colab_setup", "setup"]
+    assert all(nbgrader_meta(c).get("locked") for c in nb.cells[1:3])
+    ids = [grade_id(c) for c in nb.cells]
+    for function, tests in GRADED.items():
+        at = ids.index(function)
+        assert nbgrader_meta(nb.cells[at]).get("solution")
+        assert ids[at + 1:at + 1 + len(tests)] == tests
+        for cell in nb.cells[at + 1:at + 1 + len(tests)]:
+            assert cell.source.startswith('"""Check '), f"{grade_id(cell)}: start with a one-line docstring"
+            assert "### BEGIN HIDDEN TESTS" in cell.source and "__check_" in cell.source
+    assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
+
+
+def test_autograde_round_trip(tmp_path: Path):
+    """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
+    scores = autograde_roundtrip(ASSIGNMENT, tmp_path)
+    assert not scores["solution_errors"], f"cells raised while autograding the solution: {scores['solution_errors']}"
+    solution, exercise = scores["solution"], scores["exercise"]
+    assert set(solution) == {t for tests in GRADED.values() for t in tests}
+    for cell, (score, total) in solution.items():
+        assert score == total > 0, f"solution: {cell} scored {score}/{total}"
+    for cell, (score, total) in exercise.items():
+        assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
+
+
+# ---------------------------------------------------------------- on a real GPU (make test-gpu)
+@pytest.mark.gpu
+def test_compile_report_on_a_gpu_fuses_the_chain():
+    device = torch.device("cuda")
+    report = compile_report(elementwise_chain, torch.rand(4_000_000, device=device) + 0.1, iters=10)
+    assert report["speedup"] > 1.0, report
+    assert report["max_abs_diff"] < 1e-3 * float(elementwise_chain(torch.tensor([1.0], device=device)).abs().max())
+
+
+@pytest.mark.gpu
+def test_safe_compile_with_cuda_graphs_on_a_gpu():
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device).eval()
+    x = torch.randn(32, 64, device=device)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compiled, worked = safe_compile(model, x, mode="reduce-overhead")
+        assert worked is True
+        for _ in range(3):
+            out = compiled(x).clone()
+        torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-3)
