@@ -133,7 +133,7 @@ class GPUSpec:
 
 _GiB = 1024 ** 3
 # Names as torch reports them; memory is the nominal size; SM counts from the datasheets. T4 and A100 copy rates
-# are the measured figures in shared/REFERENCES.md; L4 and H100 rates are rough guesses (unverified).
+# are CUDA bandwidthTest figures (see course.transfer.RECORDED_H2D); L4 and H100 rates are rough guesses (unverified).
 PRESETS: dict[str, GPUSpec] = {
     "T4": GPUSpec("Tesla T4", 7, 5, 16 * _GiB, 40, 9.7, 4.0),
     "L4": GPUSpec("NVIDIA L4", 8, 9, 24 * _GiB, 58, 20.0, 8.0),

@@ -153,7 +153,7 @@ class CopyFigure:
         return self.pinned_gbps / self.pageable_gbps
 
 
-# CUDA bandwidthTest figures quoted in shared/REFERENCES.md. The host platform matters as much as the GPU.
+# Published CUDA bandwidthTest figures, each with its source. The host platform matters as much as the GPU.
 RECORDED_H2D: tuple[CopyFigure, ...] = (
     CopyFigure("A100-SXM4-80GB", "DGX A100", 25.7, 10.0, "CUDA bandwidthTest, gengwg/gpu nvda_gpu_benchmark.md"),
     CopyFigure("A100 80GB PCIe", "host not stated", 17.3, 3.3, "CUDA bandwidthTest, gengwg/gpu nvda_gpu_benchmark.md"),
