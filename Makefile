@@ -30,7 +30,7 @@ lab: install
 	JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises
 
 test: install sandbox
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -rs $(PYTEST_ARGS)
 
 test-gpu: install sandbox
 	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)

@@ -1,12 +1,14 @@
 """Eager against torch.compile on this machine: the lesson's elementwise chain and a tiny MLP (06-compile).
 
-    .venv/bin/python bench/compile_speed.py [--device cpu|cuda] [--iters 20] [--cold]
+    .venv/bin/python bench/compile_speed.py [--device cpu|cuda] [--iters 20] [--cold] [--mode MODE]
 
 Prints, for each case, the one-time costs apart from the steady state: the import of the compiler stack, the
 torch.compile() call itself (lazy: it compiles nothing), the first call (where compiling happens) and the median
 milliseconds per call after warm-up, eager and compiled, with the speedup and the largest output difference.
 --cold points Inductor at an empty cache directory, as on a fresh machine; without it, kernels compiled by an
-earlier run are reused from /tmp/torchinductor_<user>.
+earlier run are reused from /tmp/torchinductor_<user>. --mode picks torch.compile's mode: "reduce-overhead" adds
+CUDA graphs on a GPU (nothing on a CPU); "max-autotune" benchmarks matmul kernels while compiling, which takes
+minutes on a GPU (and skips the matmul autotuning on GPUs with fewer than 68 SMs, such as the T4 and the L4).
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls per measurement (median reported)")
     parser.add_argument("--cold", action="store_true", help="start from an empty Inductor cache")
+    parser.add_argument("--mode", default="default",
+                        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                        help="torch.compile mode (max-autotune: minutes of compiling on a GPU)")
     args = parser.parse_args(argv)
     cold_dir = tempfile.mkdtemp(prefix="torchinductor_cold_") if args.cold else None
     if cold_dir:
@@ -53,7 +58,10 @@ def _run(args: argparse.Namespace) -> int:
     torch.compile(elementwise_chain)
     call_ms = 1000 * (time.perf_counter() - start)
     where = os.environ.get("TORCHINDUCTOR_CACHE_DIR", f"{tempfile.gettempdir()}/torchinductor_<user>")
-    print(f"torch {torch.__version__} on {device} ({torch.get_num_threads()} threads); Inductor cache: {where}")
+    print(f"torch {torch.__version__} on {device} ({torch.get_num_threads()} threads), mode={args.mode!r}; "
+          f"Inductor cache: {where}")
+    if args.mode.startswith("max-autotune"):
+        print("max-autotune benchmarks kernels while it compiles: expect minutes on a GPU", flush=True)
     print(f"importing the compiler stack: {import_s:.2f} s (once per process); torch.compile() call: {call_ms:.2f} ms")
 
     torch.manual_seed(0)
@@ -64,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     print(f"{'case':<34} {'first call s':>12} {'eager ms':>10} {'compiled ms':>12} {'speedup':>8} {'max |diff|':>11}")
     for name, (fn, example) in cases.items():
-        r = compile_report(fn, example, iters=args.iters)
+        r = compile_report(fn, example, iters=args.iters, mode=args.mode)
         print(f"{name:<34} {r['compile_s']:12.2f} {r['eager_ms']:10.3f} {r['compiled_ms']:12.3f} "
               f"{r['speedup']:7.2f}x {r['max_abs_diff']:11.2e}")
     print("first call = compiling (the first case in a process also pays one-time set-up); "

@@ -128,6 +128,28 @@ def test_compile_report_takes_compile_time_from_the_first_call_only():
     assert report["max_abs_diff"] == pytest.approx(0.5)
 
 
+def test_compile_report_passes_options_on_to_torch_compile():
+    with stand_in_compile() as record:
+        compile_report(_tiny, torch.ones(3), iters=2, mode="reduce-overhead", dynamic=False)
+    assert record.compile_calls == [{"mode": "reduce-overhead", "dynamic": False}]
+
+
+def test_compile_report_compares_the_first_output_before_later_calls_overwrite_it():
+    """Like a CUDA graph, the stand-in below returns one output buffer, overwritten by every later call."""
+    def graph_like(fn):
+        buffer = torch.zeros(3)
+        calls = [0]
+
+        def run(x):
+            calls[0] += 1
+            return buffer.copy_(fn(x) + (0.0 if calls[0] == 1 else 100.0))  # later calls: a different result
+        return run
+
+    with stand_in_compile(run=graph_like):
+        report = compile_report(_tiny, torch.ones(3), iters=2)
+    assert report["max_abs_diff"] == 0.0, "the first output was read after later calls had overwritten it"
+
+
 def test_compile_report_with_the_real_compiler_on_a_tiny_function():
     """One real Inductor compile of a tiny elementwise function (its kernel is cached in /tmp/torchinductor_*)."""
     report = compile_report(_tiny, torch.randn(1024), iters=3)
@@ -210,6 +232,14 @@ def test_autograde_round_trip(tmp_path: Path):
         assert score == total > 0, f"solution: {cell} scored {score}/{total}"
     for cell, (score, total) in exercise.items():
         assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
+    for nb_path in (tmp_path / "autograded" / "exercise" / ASSIGNMENT).glob("*.ipynb"):
+        for i, cell in enumerate(read(nb_path).cells):
+            if cell.cell_type != "code" or nbgrader_meta(cell).get("grade"):
+                continue
+            errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
+                      if o.get("output_type") == "error"]
+            assert not errors, (f"exercise cell {i} raised before the exercises are solved: {errors}; "
+                                "catch NotImplementedError and say which exercise to finish first")
 
 
 # ---------------------------------------------------------------- on a real GPU (make test-gpu)
@@ -233,3 +263,26 @@ def test_safe_compile_with_cuda_graphs_on_a_gpu():
         for _ in range(3):
             out = compiled(x).clone()
         torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_compile_report_with_cuda_graphs_on_a_gpu():
+    """reduce-overhead: the first output is compared before later replays overwrite it, and warm-up covers recording."""
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device).eval()
+    report = compile_report(model, torch.randn(32, 64, device=device), iters=10, mode="reduce-overhead")
+    assert report["max_abs_diff"] < 1e-3, report
+    assert report["compiled_ms"] > 0 and report["compile_s"] > 0, report
+
+
+@pytest.mark.gpu
+def test_notebook_lesson_cells_run_on_the_real_gpu(monkeypatch):
+    """Every CUDA branch of the lesson cells (modes with CUDA graphs, compile with AMP, the capstone) runs, each cell
+    within nbgrader's 180 s cell timeout (grader/nbgrader_config.py), as on a GPU grader."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")  # the shrunk run
+    root = Path(__file__).resolve().parent.parent
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()

@@ -301,7 +301,7 @@ def safe_compile(model, example_input, **compile_kwargs):
         ("dtype = amp_dtype(device)", "dtype = torch.float32"),
     ), "precision='auto' ignores amp_dtype and trains in fp32"),
     Variant("fit", "accuracy_as_fraction", True, _fit(
-        ("100.0 * correct / total", "correct / total"),
+        ("100.0 * correct.item() / total", "correct.item() / total"),
     ), "validation accuracy as a fraction, not percent"),
     Variant("fit", "last_epoch_only", True, _fit(
         ("    return history\n", "    return {key: value[-1:] if isinstance(value, list) else value\n"
@@ -340,10 +340,17 @@ def safe_compile(model, example_input, **compile_kwargs):
          "dtype = torch.float16 if device.type == 'cuda' and not torch.cuda.is_bf16_supported() else torch.bfloat16"),
     ), "trusts torch.cuda.is_bf16_supported(), which says True on a T4 (emulated bf16)"),
     Variant("fit", "clock_not_synchronised", True, _fit(
-        ("loss_sum += loss.item() * targets.shape[0]", "loss_sum += loss.detach() * targets.shape[0]"),
         ("        sync(device)\n        elapsed", "        elapsed"),
-        ("loss_sum / seen", "loss_sum.item() / seen"),
-    ), "no .item() per step and no sync before stopping the clock: the GPU's queue is not counted"),
+    ), "no sync before stopping the epoch's clock: the work still queued on the GPU is not counted"),
+    Variant("fit", "autocast_cuda_hardcoded", True, _fit(
+        ("            with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n                loss",
+         "            with torch.autocast(\"cuda\", dtype=dtype, enabled=use_autocast):\n                loss"),
+    ), "autocast(\"cuda\") whatever the device: on a CPU it does nothing, so precision is silently fp32"),
+    Variant("fit", "item_every_step", False, _fit(
+        ("loss_sum, seen = torch.zeros((), device=device), 0", "loss_sum, seen = 0.0, 0"),
+        ("loss_sum += loss.detach().float() * targets.shape[0]", "loss_sum += loss.item() * targets.shape[0]"),
+        ("loss_sum.item() / seen", "loss_sum / seen"),
+    ), "loss.item() every step: the host waits for the GPU at each step, slower but correct"),
     Variant("fit", "via_amp_train_step", False, '''
 def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", compile=False):
     from course.amp import amp_train_step
