@@ -702,7 +702,8 @@ class Runtime:
             "reset_peak_memory_stats": fakes["reset_peak_memory_stats"], "empty_cache": fakes["empty_cache"],
         }
         for name, value in accelerator.items():
-            p.set(torch.accelerator, name, value)
+            if hasattr(torch, "accelerator"):  # torch >= 2.6
+                p.set(torch.accelerator, name, value)
 
         def pin_memory(t, device=None):
             with _raw():
@@ -764,8 +765,9 @@ class Runtime:
             return wrapper
 
         p.set(torch.cuda, "synchronize", timed_sync(torch.cuda.synchronize, "torch.cuda.synchronize()"))
-        p.set(torch.accelerator, "synchronize", timed_sync(torch.accelerator.synchronize,
-                                                           "torch.accelerator.synchronize()"))
+        if hasattr(torch, "accelerator"):  # torch >= 2.6
+            p.set(torch.accelerator, "synchronize", timed_sync(torch.accelerator.synchronize,
+                                                               "torch.accelerator.synchronize()"))
         p.set(torch.cuda.Event, "synchronize", timed_sync(torch.cuda.Event.synchronize, "Event.synchronize()"))
         p.set(torch.cuda.Stream, "synchronize", timed_sync(torch.cuda.Stream.synchronize, "Stream.synchronize()"))
         orig_pin = torch.Tensor.pin_memory
