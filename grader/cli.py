@@ -1,0 +1,156 @@
+"""`python -m grader`: the instructor's command line.
+
+    python -m grader release                     exercises/ from solutions/, refused if anything leaks
+    python -m grader check                       exercises/ current; solutions pass, exercises fail (validate)
+    python -m grader autograde SUBMISSIONS       grade <SUBMISSIONS>/<student>/<assignment>/*.ipynb in parallel
+    python -m grader feedback                    HTML feedback for every graded submission
+    python -m grader export                      grades.csv and tests.csv
+    python -m grader summary                     pass rate per test cell: summary.csv, summary.md, summary.png
+    python -m grader all SUBMISSIONS             autograde, feedback, export and summary (`make grade`)
+
+Everything a grading run writes goes to the workspace (--out, default grading/ in the repository); the submissions
+folder is only read.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+
+def _parser() -> argparse.ArgumentParser:
+    from grader.grade import Options, cores
+
+    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def course_options(p):
+        p.add_argument("--solutions", type=Path, help="nbgrader source folder (default solutions/)")
+        p.add_argument("--assignment", action="append", help="only this assignment (repeatable)")
+
+    def out_option(p):
+        p.add_argument("--out", type=Path, help="workspace folder (default grading/ in the repository)")
+
+    def jobs_option(p):
+        p.add_argument("--jobs", "-j", type=int, default=cores(), help="parallel kernels (default: cores, "
+                       f"here {cores()})")
+
+    p = commands.add_parser("release", help="regenerate exercises/ from solutions/ (refused on leaks)")
+    course_options(p)
+    p.add_argument("--exercises", type=Path, help="release folder (default exercises/)")
+
+    p = commands.add_parser("check", help="exercises/ is current and leak-free; solutions pass, exercises fail")
+    course_options(p)
+    p.add_argument("--exercises", type=Path, help="release folder (default exercises/)")
+    jobs_option(p)
+
+    defaults = Options()
+    for name, text in (("autograde", "grade a folder of submissions"),
+                       ("all", "autograde, then feedback, export and summary")):
+        p = commands.add_parser(name, help=text)
+        p.add_argument("submissions", type=Path, help="folder of <student>/<assignment>/<notebook>.ipynb")
+        out_option(p)
+        jobs_option(p)
+        course_options(p)
+        p.add_argument("--student", action="append", help="only this student (repeatable)")
+        p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: nbgrader_config.py)")
+        p.add_argument("--notebook-timeout", type=int, default=defaults.notebook_timeout,
+                       help=f"seconds per notebook (default {defaults.notebook_timeout})")
+        p.add_argument("--memory", default="", help="memory per kernel, e.g. 4G (default: 80%% of RAM / jobs)")
+        p.add_argument("--max-file-size", default="2G", help="largest file a notebook may write (default 2G)")
+        p.add_argument("--transport", choices=("tcp", "ipc"), default="tcp", help="kernel transport (ipc for a "
+                       "sandbox)")
+        p.add_argument("--force", action="store_true", help="grade again what is already graded")
+
+    for name, text in (("feedback", "HTML feedback for graded submissions"),
+                       ("export", "write grades.csv and tests.csv"),
+                       ("summary", "pass rate per test cell, with a plot")):
+        p = commands.add_parser(name, help=text)
+        out_option(p)
+        if name == "feedback":
+            jobs_option(p)
+            p.add_argument("--force", action="store_true", help="regenerate all feedback")
+    return parser
+
+
+def _autograde(args) -> int:
+    from grader.grade import Options, parse_size, start_workers
+
+    if not args.submissions.is_dir():
+        raise SystemExit(f"{args.submissions} is not a folder")
+    options = Options(jobs=max(1, args.jobs), cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
+                      memory=parse_size(args.memory) if args.memory else 0,
+                      file_size=parse_size(args.max_file_size), transport=args.transport, force=args.force,
+                      students=args.student, assignments=args.assignment)
+    pool = start_workers(args.submissions, _out(args), options)       # first: they take seconds to start
+
+    from grader.grade import autograde
+    from grader.workspace import Workspace
+
+    ws = Workspace(_out(args))
+    print(f"grading {args.submissions} into {ws.root}: {options.jobs} jobs, {options.threads()} threads and "
+          f"{options.kernel_memory() / 2**30:.1f} GiB per kernel")
+    report = autograde(args.submissions, ws, _solutions(args), options, pool=pool)
+    print(f"graded {len(report.graded)}, unchanged {len(report.skipped)}, not graded {len(report.failed)} "
+          f"in {report.seconds:.0f} s; gradebook {ws.gradebook}")
+    return 1 if report.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grading"   # git-ignored
+
+
+def _out(args) -> Path:
+    return (args.out or DEFAULT_OUT).resolve()
+
+
+def _solutions(args) -> Path:
+    from grader.nbtools import SOLUTIONS
+
+    return (args.solutions or SOLUTIONS).resolve()
+
+
+def _main(argv: list[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command in ("release", "check"):
+        from grader.nbtools import EXERCISES
+        from grader.release import check, release
+
+        exercises = (args.exercises or EXERCISES).resolve()
+        if args.command == "release":
+            return release(args.assignment, _solutions(args), exercises)
+        return check(args.assignment, args.jobs, _solutions(args), exercises)
+
+    from grader import report
+    from grader.workspace import Workspace
+
+    ws = Workspace(_out(args))
+    if args.command in ("autograde", "all"):
+        status = _autograde(args)
+        if args.command == "autograde":
+            return status
+        errors = report.feedback(ws, args.jobs)
+        for path in report.export(ws) + report.summary(ws):
+            print(f"wrote {path}")
+        return status or (1 if errors else 0)
+    if not ws.gradebook.is_file():
+        raise SystemExit(f"no gradebook in {ws.root}: run `python -m grader autograde SUBMISSIONS` first")
+    if args.command == "feedback":
+        return 1 if report.feedback(ws, args.jobs, args.force) else 0
+    paths = report.export(ws) if args.command == "export" else report.summary(ws)
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

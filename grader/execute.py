@@ -1,0 +1,203 @@
+"""nbgrader's Execute preprocessor, made to survive what student notebooks do to kernels.
+
+`GraderExecute` replaces `Execute` in nbgrader's autograde pipeline (and in validate). It executes cells exactly as
+nbgrader does (same timeouts, errors allowed, same outputs), and adds:
+
+- a time limit for the whole notebook (`notebook_timeout`): a cell that would run past it is interrupted, and the
+  cells after it are marked "NotRun";
+- a kernel that dies (os._exit, a segfault, the memory limit) or ignores the interrupt after a timeout: the cell gets
+  an error output that says so, a fresh kernel replays the cells before it (their outputs kept), and execution goes
+  on with the next cell, as if that cell had raised. After `max_kernel_restarts` such cells the rest is "NotRun";
+- an output cap while a cell runs (`max_output_bytes`), so a cell that prints forever cannot fill the grader's memory
+  before nbgrader's LimitOutput trims what is kept.
+
+Every mark is an ordinary error output, so nbgrader scores the cell 0 and the feedback shows why; `grader.outcome`
+reads the same outputs back to write the reasons.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+from time import monotonic
+
+from nbclient.client import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.v4 import new_output
+from nbgrader.preprocessors import Execute
+from traitlets import Integer
+
+KERNEL_DIED = "KernelDied"
+NOT_RUN = "NotRun"
+NOTEBOOK_TIMEOUT = "NotebookTimeout"
+CELL_TIMEOUT = "CellTimeoutError"      # nbgrader's own name for a cell timeout
+OUTPUT_CUT = "[grader] output cut"
+START_FAILURES: list[str] = []         # nbgrader swallows exceptions: the worker looks here to tell ours apart
+
+
+class KernelStartError(RuntimeError):
+    """No kernel could be started (a memory limit too low, a broken environment): a grader problem, not a student's.
+
+    The worker treats it as a failure to grade (nothing is scored), so the instructor sees it and can run again."""
+
+
+class KernelExit(Exception):
+    """The cell called exit() or quit(): the kernel shuts down after it, as in Jupyter."""
+
+
+def _error(ename: str, evalue: str):
+    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+def describe_exit(status: int | None) -> str:
+    """Words for a kernel process's exit status."""
+    if status is None:
+        return "the kernel stopped responding"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"the kernel was killed by {name}{hint}"
+    return f"the kernel exited with status {status}"
+
+
+class GraderExecute(Execute):
+    """Execute with a notebook time limit, kernel-death recovery and a live output cap (see the module docstring)."""
+
+    notebook_timeout = Integer(0, help="Seconds for the whole notebook; 0 for no limit.").tag(config=True)
+    max_kernel_restarts = Integer(2, help="Kernel deaths survived per notebook.").tag(config=True)
+    max_output_bytes = Integer(2_000_000, help="Output kept per cell while it runs.").tag(config=True)
+
+    _deadline: float | None = None
+    _output_bytes = 0
+    _cut_streams: set = set()
+
+    # ------------------------------------------------------------------ the loop
+
+    def preprocess(self, nb, resources=None, km=None):
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
+        self._deadline = None
+        crashed: list[int] = []
+        start: int | None = 0
+        while start is not None:
+            start = self._execute_from(start, crashed)
+        self.set_widgets_metadata()
+        return self.nb, self.resources
+
+    def _execute_from(self, start: int, crashed: list[int]) -> int | None:
+        """Run cells from `start` in a fresh kernel (after replaying the ones before); the next start, or None."""
+        self.shutdown_kernel = "immediate"      # nothing to save in a grading kernel; a polite shutdown costs ~0.5 s
+        index = start
+        try:
+            setup = self.setup_kernel()
+            setup.__enter__()
+        except Exception as exc:
+            START_FAILURES.append(f"the grading kernel did not start: {type(exc).__name__}: {exc}")
+            raise KernelStartError(START_FAILURES[-1]) from exc
+        with contextlib.ExitStack() as stack:
+            stack.push(setup)
+            info = self.wait_for_reply(self.kc.kernel_info())
+            if info is not None:
+                self.nb.metadata["language_info"] = info["content"]["language_info"]
+            if self._deadline is None and self.notebook_timeout:
+                self._deadline = monotonic() + self.notebook_timeout
+            try:
+                for index in range(start):
+                    if index not in crashed:
+                        self._replay(index)
+                for index in range(start, len(self.nb.cells)):
+                    if self._time_left() <= 0:
+                        self._mark_not_run(index, f"the notebook reached its {self.notebook_timeout} s time limit")
+                        return None
+                    self.preprocess_cell(self.nb.cells[index], self.resources, index)
+                return None
+            except (DeadKernelError, CellTimeoutError, KernelExit) as exc:
+                self._record_crash(index, exc)
+        crashed.append(index)
+        if len(crashed) > self.max_kernel_restarts:
+            self._mark_not_run(index + 1, f"the kernel died {len(crashed)} times in this notebook")
+            return None
+        return index + 1
+
+    def preprocess_cell(self, cell, resources, index):
+        self._output_bytes, self._cut_streams = 0, set()
+        return super().preprocess_cell(cell, resources, index)
+
+    def on_cell_executed(self, **kwargs):
+        super().on_cell_executed(**kwargs)
+        for payload in kwargs["execute_reply"]["content"].get("payload", []):
+            if payload.get("source") == "ask_exit" and not payload.get("keepkernel"):
+                raise KernelExit()
+
+    def _replay(self, index: int) -> None:
+        """Re-run a cell that already ran, in a new kernel, keeping its first outputs."""
+        cell = self.nb.cells[index]
+        if cell.cell_type != "code" or not cell.source.strip():
+            return
+        self._output_bytes, self._cut_streams = 0, set()
+        self.execute_cell(copy.deepcopy(cell), index, store_history=False)
+        self.nb.cells[index] = cell
+
+    # ------------------------------------------------------------------ limits
+
+    def _time_left(self) -> float:
+        return float("inf") if self._deadline is None else self._deadline - monotonic()
+
+    def _get_timeout(self, cell):
+        timeout = super()._get_timeout(cell)
+        if cell is None:
+            return timeout
+        left = self._time_left()
+        if timeout is None or left < timeout:
+            self.error_on_timeout = {"ename": NOTEBOOK_TIMEOUT, "traceback": [f"{NOTEBOOK_TIMEOUT}: interrupted"],
+                                     "evalue": f"the notebook reached its {self.notebook_timeout} s time limit"}
+            return max(left, 0.1)
+        self.error_on_timeout = {"ename": CELL_TIMEOUT, "traceback": [f"{CELL_TIMEOUT}: interrupted"],
+                                 "evalue": f"the cell ran longer than its {timeout} s time limit"}
+        return timeout
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        kind = msg.get("msg_type")
+        self._output_bytes += len(content.get("text", "")) + sum(len(str(v)) for v in content.get("data", {}).values())
+        if self._output_bytes <= self.max_output_bytes or kind in ("error", "execute_result"):
+            return super().output(outs, msg, display_id, cell_index)
+        if kind == "stream" and content.get("name") not in self._cut_streams:
+            # one marker per stream: a stderr write still shows (nbgrader scores stderr in a test cell as a failure)
+            self._cut_streams.add(content.get("name"))
+            marker = {**msg, "content": {**content, "text": f"\n{OUTPUT_CUT}: more than {self.max_output_bytes} "
+                                                            "bytes of output\n"}}
+            return super().output(outs, marker, None, cell_index)
+        return None
+
+    # ------------------------------------------------------------------ marks
+
+    def _record_crash(self, index: int, exc: Exception) -> None:
+        cell = self.nb.cells[index]
+        if isinstance(exc, DeadKernelError):
+            status = None
+            process = getattr(getattr(self.km, "provisioner", None), "process", None)
+            if process is not None:
+                try:
+                    status = process.wait(timeout=2)
+                except Exception:  # noqa: BLE001 - still running or already reaped: no status to report
+                    status = process.poll()
+            error = _error(KERNEL_DIED, f"{describe_exit(status)} while this cell ran")
+        elif isinstance(exc, KernelExit):
+            error = _error(KERNEL_DIED, "exit() ended the kernel in this cell")
+        else:
+            ename = self.error_on_timeout.get("ename", CELL_TIMEOUT)
+            error = _error(ename, f"{self.error_on_timeout.get('evalue', 'timed out')}; the kernel ignored the "
+                                  "interrupt and was restarted")
+        cell.setdefault("outputs", []).append(error)
+        self.log.warning("cell %d: %s: %s", index, error.ename, error.evalue)
+
+    def _mark_not_run(self, start: int, why: str) -> None:
+        for cell in self.nb.cells[start:]:
+            if cell.cell_type == "code" and cell.source.strip():
+                cell.outputs = [_error(NOT_RUN, f"not run: {why}")]
+                cell.execution_count = None

@@ -1,0 +1,727 @@
+"""Kernel-side tamper-proofing for grading kernels: what student code replaces, the grader puts back.
+
+The grader never imports this module. `grader.sandbox` starts every grading kernel as
+
+    python -c <BOOTSTRAP> <this file> <config json> -m ipykernel_launcher -f <connection file> ...
+
+and `main()` then, before any notebook code runs: applies the resource limits, drops to the sandbox identity,
+installs a `Guard`, and starts ipykernel with the guard attached.
+
+What the guard protects, and how:
+- `course` and its submodules, `torch.testing` (assert_close), `numpy.testing`: always imported from their installed
+  location (a `course.py` or `torch/` in the working copy cannot shadow them), snapshotted the moment they finish
+  importing (module dict, classes, function code/defaults/closures), and restored before and after every cell;
+  a fake module planted in `sys.modules` is evicted and the real one re-imported.
+- `builtins`, the `__builtins__` of the notebook namespace, and IPython/ipykernel's machinery (showtraceback,
+  run_cell, the compiler, input/AST transformers, message sending): snapshotted at start, restored the same way.
+- A notebook-level name that shadows a builtin (`isinstance = lambda *a: True`) is bypassed inside test cells:
+  the cell's own code reads the pristine builtin (student functions keep their own names).
+- An audit hook refuses sys.settrace/sys.setprofile (a tracer can skip an `assert` line) and new audit hooks.
+- A change to anything protected *during a test cell* fails that cell (an error output, as a failed test).
+
+Everything found is reported to the grader over a pipe (`report_fd`), one JSON line per event, with a heartbeat
+after every cell: the grader fails the notebook when the heartbeats stop (hooks removed). All of this runs inside
+the student's own process, so it raises the bar (it defeats the replacements listed above) but is not a proof
+against code that digs through the interpreter (ctypes, frame introspection); the sandbox is the hard boundary.
+
+Written for CPython 3.10+, IPython 8/9, ipykernel 6/7. No dataclasses: this file runs from a plain dict namespace.
+"""
+import ast
+import builtins
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import operator
+import os
+import sys
+import types
+
+PROTECTED_EXTRA = frozenset({"torch.testing", "torch.testing._comparison", "numpy.testing",
+                             "numpy.testing._private.utils"})
+# Modules too big (or patched by the course itself: course.simgpu swaps torch.cuda, Tensor.pin_memory...) to
+# freeze whole: only the names that checks and test cells compare with are held to their imported values.
+TENSOR_NAMES = ("equal", "allclose", "isclose", "eq", "ne", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+                "__ge__", "__abs__", "__sub__", "__bool__", "__float__", "__int__", "__len__", "__iter__",
+                "__getitem__", "abs", "all", "any", "item", "tolist", "detach", "cpu", "numel", "sub", "isnan",
+                "isfinite", "float", "double", "size", "dim", "shape", "dtype", "device")
+WATCHED = {"math": None,            # None: every callable of the module
+           "torch": ("equal", "allclose", "isclose", "eq", "ne", "all", "any", "abs", "isnan", "isfinite", "Tensor"),
+           "numpy": ("asarray", "array_equal", "allclose", "isclose", "abs", "maximum", "where", "isnan", "argmax",
+                     "iscomplexobj", "unravel_index", "all", "any", "ndarray")}
+WATCHED_CLASSES = {"torch": ("Tensor", TENSOR_NAMES)}
+MACHINERY = ("IPython.core.interactiveshell", "IPython.core.ultratb", "IPython.core.events",
+             "IPython.core.compilerop", "IPython.core.displayhook", "IPython.core.displaypub",
+             "IPython.core.async_helpers", "ipykernel.zmqshell", "ipykernel.ipkernel", "ipykernel.kernelbase",
+             "ipykernel.compiler", "ipykernel.displayhook", "jupyter_client.session", "zmq.sugar.socket")
+# Builtins that IPython and ipykernel themselves rebind while cells run (input is swapped for every execution).
+VOLATILE_BUILTINS = frozenset({"input", "raw_input", "_", "__", "___", "exit", "quit", "get_ipython", "display",
+                               "__IPYTHON__", "help", "copyright", "credits", "license", "dreload", "runfile",
+                               "execfile"})
+SHELL_ATTRS = ("InteractiveTB", "SyntaxTB", "CustomTB", "custom_exceptions", "compile", "events", "displayhook",
+               "display_pub", "display_trap", "builtin_trap", "input_transformer_manager", "user_ns",
+               "user_module", "ast_transformers", "input_transformers_cleanup", "input_transformers_post", "kernel")
+KERNEL_ATTRS = ("shell", "session", "iopub_socket", "shell_handlers", "control_handlers")
+SESSION_ATTRS = ("pack", "unpack", "auth", "key", "signature_scheme")
+BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.addaudithook"})
+WATCHED_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
+PRISTINE = "__grader_builtins__"      # notebook-level name through which test cells read pristine builtins
+HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
+_MISSING = object()
+
+
+class GraderIntegrityError(RuntimeError):
+    """Shown as the error of a test cell during which protected code was replaced."""
+
+
+def _code_like(value):
+    return callable(value) or isinstance(value, (types.ModuleType, staticmethod, classmethod, property))
+
+
+def _functions_of(value):
+    """The plain functions behind a class attribute (methods, static/class methods, property accessors)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if isinstance(f, types.FunctionType)]
+    return [value] if isinstance(value, types.FunctionType) else []
+
+
+class _FunctionSnap:
+    """A function's replaceable parts: code, defaults and closure cell contents."""
+    __slots__ = ("fn", "where", "code", "defaults", "kwdefaults", "cells")
+
+    def __init__(self, fn, where):
+        self.fn, self.where = fn, where
+        self.code, self.defaults, self.kwdefaults = fn.__code__, fn.__defaults__, fn.__kwdefaults__
+        self.cells = []
+        for cell in fn.__closure__ or ():
+            try:
+                self.cells.append((cell, cell.cell_contents))
+            except ValueError:          # an empty cell (not yet assigned)
+                pass
+
+    def restore(self, changes):
+        fn = self.fn
+        if fn.__code__ is not self.code:
+            fn.__code__ = self.code
+            changes.append(f"{self.where}.__code__")
+        if fn.__defaults__ is not self.defaults:
+            fn.__defaults__ = self.defaults
+            changes.append(f"{self.where}.__defaults__")
+        if fn.__kwdefaults__ is not self.kwdefaults:
+            fn.__kwdefaults__ = self.kwdefaults
+            changes.append(f"{self.where}.__kwdefaults__")
+        for cell, value in self.cells:
+            try:
+                current = cell.cell_contents
+            except ValueError:
+                current = _MISSING
+            if current is not value:
+                cell.cell_contents = value
+                changes.append(f"{self.where} (closure)")
+
+
+class _ModuleSnap:
+    """A module as it was right after it was imported: its callables, its classes and their functions."""
+
+    def __init__(self, module):
+        self.module, self.name, self.type = module, module.__name__, type(module)
+        d = module.__dict__
+        self.entries = {k: v for k, v in d.items() if _code_like(v)}
+        self.functions = []
+        self.classes = []
+        for key, value in self.entries.items():
+            if isinstance(value, types.FunctionType) and value.__module__ == self.name:
+                self.functions.append(_FunctionSnap(value, f"{self.name}.{key}"))
+            elif isinstance(value, type) and value.__module__ == self.name:
+                members = {k: v for k, v in vars(value).items() if _code_like(v)}
+                self.functions += [_FunctionSnap(f, f"{self.name}.{key}.{k}")
+                                   for k, v in members.items() for f in _functions_of(v)]
+                self.classes.append((value, key, members, set(vars(value))))
+        self._keys, self._values = list(self.entries), list(self.entries.values())
+        self._fns = [f.fn for f in self.functions]
+        self._codes = [f.code for f in self.functions]
+        self._defaults = [f.defaults for f in self.functions]
+        self._kwdefaults = [f.kwdefaults for f in self.functions]
+        self._cells = [c for f in self.functions for c, _ in f.cells]
+        self._cell_values = [v for f in self.functions for _, v in f.cells]
+
+    def _intact(self):
+        """Quick check (C-speed identity comparisons) that nothing changed; False sends restore() the slow way."""
+        is_ = operator.is_
+        fns = self._fns
+        try:
+            return (type(self.module) is self.type
+                    and all(map(is_, map(self.module.__dict__.get, self._keys), self._values))
+                    and all(map(is_, [f.__code__ for f in fns], self._codes))
+                    and all(map(is_, [f.__defaults__ for f in fns], self._defaults))
+                    and all(map(is_, [f.__kwdefaults__ for f in fns], self._kwdefaults))
+                    and all(map(is_, [c.cell_contents for c in self._cells], self._cell_values))
+                    and all(vars(cls).keys() == keys and all(map(is_, map(vars(cls).get, members), members.values()))
+                            for cls, _, members, keys in self.classes))
+        except Exception:
+            return False
+
+    def restore(self, changes):
+        if self._intact():
+            return
+        module, name = self.module, self.name
+        if type(module) is not self.type:
+            object.__setattr__(module, "__class__", self.type)
+            changes.append(f"{name}.__class__")
+        d = module.__dict__
+        for key, value in self.entries.items():
+            if d.get(key, _MISSING) is not value:
+                d[key] = value
+                changes.append(f"{name}.{key}")
+        for snap in self.functions:
+            snap.restore(changes)
+        for cls, key, members, keys in self.classes:
+            own = vars(cls)
+            for k, v in members.items():
+                if own.get(k, _MISSING) is not v:
+                    setattr(cls, k, v)
+                    changes.append(f"{name}.{key}.{k}")
+            for k in [k for k, v in own.items() if k not in members and _code_like(v)]:
+                delattr(cls, k)
+                changes.append(f"{name}.{key}.{k} (added)")
+
+
+class _ObjectSnap:
+    """An object's machinery attributes (instance-level callables and the named ones), by identity."""
+
+    def __init__(self, obj, label, names=()):
+        self.obj, self.label, self.type = obj, label, type(obj)
+        self.own = {k: v for k, v in vars(obj).items() if _code_like(v)}
+        self.named = {}
+        for n in names:
+            value = getattr(obj, n, _MISSING)
+            contents = list(value) if isinstance(value, (list, tuple)) else (
+                dict(value) if isinstance(value, dict) and n != "user_ns" else None)
+            self.named[n] = (value, contents)
+
+    def restore(self, changes):
+        obj, label = self.obj, self.label
+        if type(obj) is not self.type:
+            object.__setattr__(obj, "__class__", self.type)
+            changes.append(f"{label}.__class__")
+        own = vars(obj)
+        for k, v in self.own.items():
+            if own.get(k, _MISSING) is not v:
+                own[k] = v
+                changes.append(f"{label}.{k}")
+        cls = self.type
+        for k in [k for k in own if k not in self.own and _code_like(getattr(cls, k, None))]:
+            del own[k]                  # an instance attribute now hides a method of the class
+            changes.append(f"{label}.{k} (shadowed)")
+        for n, (value, contents) in self.named.items():
+            if value is _MISSING:
+                continue
+            if getattr(obj, n, _MISSING) is not value:
+                if n in own or n not in getattr(obj, "_trait_values", {}):
+                    own[n] = value
+                else:
+                    obj._trait_values[n] = value
+                changes.append(f"{label}.{n}")
+            if contents is not None:
+                if isinstance(value, list) and (len(value) != len(contents) or
+                                                any(a is not b for a, b in zip(value, contents))):
+                    value[:] = contents
+                    changes.append(f"{label}.{n}[]")
+                elif isinstance(value, dict) and (value.keys() != contents.keys() or
+                                                  any(value[k] is not contents[k] for k in contents)):
+                    value.clear()
+                    value.update(contents)
+                    changes.append(f"{label}.{n}{{}}")
+
+
+class _NamesSnap:
+    """Chosen names of a module or class, by identity (a name that was inherited must stay inherited)."""
+
+    def __init__(self, obj, label, names=None):
+        own = vars(obj)
+        if names is None:
+            names = [k for k, v in own.items() if _code_like(v)]
+        self.obj, self.label = obj, label
+        self.values = {n: own.get(n, _MISSING) for n in names}
+
+    def restore(self, changes):
+        own = vars(self.obj)
+        for name, value in self.values.items():
+            if own.get(name, _MISSING) is not value:
+                if value is _MISSING:
+                    delattr(self.obj, name)
+                else:
+                    setattr(self.obj, name, value)
+                changes.append(f"{self.label}.{name}")
+
+
+class _SnapLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then snapshots the module before the importer gets it back."""
+
+    def __init__(self, inner, guard):
+        self._inner, self._guard = inner, guard
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        self._guard._register(module)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _TrustedFinder(importlib.abc.MetaPathFinder):
+    """Imports come from the installed locations first: files in the working copy cannot shadow them."""
+
+    def __init__(self, guard):
+        self._guard = guard
+        self._busy = set()
+
+    def find_spec(self, name, path=None, target=None):
+        guard = self._guard
+        if name in self._busy:
+            return None
+        self._busy.add(name)
+        try:
+            if guard.course_dir and (name == "course" or name.startswith("course.")):
+                spec = guard._course_spec(name)
+            elif path is None:
+                spec = importlib.machinery.PathFinder.find_spec(name, guard.trusted_paths)
+            elif name in PROTECTED_EXTRA:
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+            else:
+                return None
+        finally:
+            self._busy.discard(name)
+        if spec is not None and spec.loader is not None and (guard.protected(name) or name in WATCHED):
+            spec.loader = _SnapLoader(spec.loader, guard)
+        return spec
+
+
+class _Unshadow(ast.NodeTransformer):
+    """In a test cell, a builtin name that a notebook global shadows is read from the pristine builtins instead."""
+
+    def __init__(self):
+        self.names = frozenset()
+
+    def visit(self, node):
+        if not self.names:
+            return node
+        try:
+            return super().visit(node)
+        except Exception:               # IPython unregisters a transformer that raises: never raise
+            return node
+
+    def visit_Name(self, node):
+        if node.id in self.names and isinstance(node.ctx, ast.Load):
+            lookup = ast.Subscript(value=ast.Name(id=PRISTINE, ctx=ast.Load()), slice=ast.Constant(node.id),
+                                   ctx=ast.Load())
+            return ast.copy_location(lookup, node)
+        return node
+
+
+def _bound_names(tree):
+    """Every name the cell binds anywhere (assignments, defs, arguments, imports, handlers, globals...)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).partition(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif getattr(node, "name", None) and type(node).__name__ in ("MatchAs", "MatchStar"):
+            bound.add(node.name)
+        elif type(node).__name__ == "MatchMapping" and getattr(node, "rest", None):
+            bound.add(node.rest)
+    return bound
+
+
+def looks_like_test_cell(source):
+    """The course's test-cell shape: hidden-test markers, or a dunder `__check...` function defined then deleted."""
+    if HIDDEN_MARK in source:
+        return True
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name.startswith("__") and not n.name.endswith("__")}
+    deleted = {t.id for n in tree.body if isinstance(n, ast.Delete) for t in n.targets if isinstance(t, ast.Name)}
+    return bool(defined & deleted)
+
+
+class Guard:
+    """Snapshots protected code before student code runs and restores it around every cell."""
+
+    def __init__(self, config):
+        self._fd = config.get("report_fd")
+        self._token = config.get("token", "")
+        self._test_marker = config.get("test_marker") or None
+        self.course_dir = config.get("course_dir") or None
+        self.trusted_paths = [p for p in sys.path if p and os.path.isabs(p)]
+        self._modules = {}              # protected modules: name -> _ModuleSnap (identity of the real module)
+        self._watched = {}              # watched modules: name -> (module, [_NamesSnap])
+        self._machinery = {}            # name -> _ModuleSnap of IPython/ipykernel modules
+        self._objects = []              # _ObjectSnap of the shell, the kernel, the session
+        self._builtins = None
+        self._pristine = None
+        self._pending = []
+        self._seen = set()
+        self._cells = 0
+        self._in_test = False
+        self._allow_trace = False
+        self._armed = False             # the kernel's own start-up (debugpy) may trace; notebook code may not
+        self._broken = False
+        self._shell = None
+        self._unshadow = _Unshadow()
+        self._finder = _TrustedFinder(self)
+        self._insert_finder()
+        self._meta_prefix = list(sys.meta_path[:sys.meta_path.index(self._finder)])
+        sys.addaudithook(self._audit)
+        for name in sorted(sys.modules):
+            if self.protected(name) or name in WATCHED:
+                self._register(sys.modules[name])
+        self._send("start")
+
+    # ---- protected modules -----------------------------------------------------------------------------------
+    def protected(self, name):
+        return name == "course" or name.startswith("course.") or name in PROTECTED_EXTRA
+
+    def _insert_finder(self):
+        path_finder = importlib.machinery.PathFinder
+        index = sys.meta_path.index(path_finder) if path_finder in sys.meta_path else 0
+        sys.meta_path.insert(index, self._finder)
+
+    def _course_spec(self, name):
+        parts = name.split(".")
+        if len(parts) == 1:
+            init = os.path.join(self.course_dir, "__init__.py")
+            return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[self.course_dir])
+        return importlib.machinery.PathFinder.find_spec(name, [os.path.join(self.course_dir, *parts[1:-1])])
+
+    def _register(self, module):
+        name = module.__name__
+        if name in WATCHED:
+            snaps = [_NamesSnap(module, name, WATCHED[name])]
+            cls_name, names = WATCHED_CLASSES.get(name, (None, ()))
+            cls = getattr(module, cls_name, None) if cls_name else None
+            if isinstance(cls, type):
+                snaps.append(_NamesSnap(cls, f"{name}.{cls_name}", names))
+            self._watched[name] = (module, snaps)
+        else:
+            self._modules[name] = _ModuleSnap(module)
+
+    def protect_loaded(self, names):
+        """Snapshot already-imported machinery modules (IPython, ipykernel) before any notebook code runs."""
+        for name in names:
+            module = sys.modules.get(name)
+            if module is not None and name not in self._machinery:
+                self._machinery[name] = _ModuleSnap(module)
+
+    # ---- attaching to the kernel -----------------------------------------------------------------------------
+    def attach(self, shell, kernel):
+        self._shell = shell
+        self._builtins = {k: v for k, v in vars(builtins).items() if k not in VOLATILE_BUILTINS}
+        self._pristine = types.MappingProxyType(dict(vars(builtins)))
+        self._user_builtins = shell.user_ns.get("__builtins__", builtins)
+        shell.ast_transformers.append(self._unshadow)
+        shell.events.register("pre_run_cell", self._pre_run_cell)
+        shell.events.register("post_run_cell", self._post_run_cell)
+        self._objects = [_ObjectSnap(shell, "shell", SHELL_ATTRS), _ObjectSnap(kernel, "kernel", KERNEL_ATTRS)]
+        for label, obj, names in (("session", getattr(kernel, "session", None), SESSION_ATTRS),
+                                  ("InteractiveTB", getattr(shell, "InteractiveTB", None), ()),
+                                  ("compile", getattr(shell, "compile", None), ()),
+                                  ("displayhook", getattr(shell, "displayhook", None), ()),
+                                  ("display_pub", getattr(shell, "display_pub", None), ()),
+                                  ("events", getattr(shell, "events", None), ())):
+            if obj is not None and hasattr(obj, "__dict__"):
+                self._objects.append(_ObjectSnap(obj, label, names))
+        self._showtraceback = type(shell)._showtraceback     # the class's own, as imported
+        self._armed = True
+        self._send("ready")
+
+    # ---- the audit hook (cannot be removed once added) ---------------------------------------------------------
+    def _audit(self, event, args):
+        if event in BLOCKED_EVENTS:
+            if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
+                return
+            self._flag(f"blocked {event}()")
+            raise RuntimeError(f"{event} is disabled while grading")
+        if event in WATCHED_EVENTS and self._armed:
+            self._flag(f"called {event}()")
+
+    # ---- checks ---------------------------------------------------------------------------------------------
+    def verify(self):
+        """Restore everything protected; return what had been changed (empty when nothing was)."""
+        changes = []
+        for step in (self._verify_imports, self._verify_modules, self._verify_watched, self._verify_builtins,
+                     self._verify_machinery, self._verify_trace):
+            try:
+                step(changes)
+            except Exception as exc:    # fail closed: an unrestorable change counts as tampering
+                changes.append(f"could not restore ({step.__name__}): {type(exc).__name__}: {exc}")
+                self._broken = True
+        return changes
+
+    def _verify_imports(self, changes):
+        meta = sys.meta_path
+        index = next((i for i, f in enumerate(meta) if f is self._finder), None)
+        if index is None or len(meta[:index]) != len(self._meta_prefix) or \
+                any(a is not b for a, b in zip(meta[:index], self._meta_prefix)):
+            # finders put in front of ours (or ours removed): ours goes back right after the original ones
+            rest = [f for f in meta if f is not self._finder and all(f is not g for g in self._meta_prefix)]
+            meta[:] = [*self._meta_prefix, self._finder, *rest]
+            changes.append("sys.meta_path")
+        cache = sys.path_importer_cache
+        for entry in self.trusted_paths:
+            finder = cache.get(entry)
+            if finder is not None and type(finder) not in (importlib.machinery.FileFinder,) and \
+                    type(finder).__name__ != "zipimporter":
+                del cache[entry]
+                changes.append(f"sys.path_importer_cache[{entry!r}]")
+
+    def _verify_modules(self, changes):
+        present = [n for n in list(sys.modules) if n.startswith("course")] + [n for n in PROTECTED_EXTRA
+                                                                               if n in sys.modules]
+        for name in sorted(n for n in present if self.protected(n)):
+            snap = self._modules.get(name)
+            current = sys.modules.get(name)
+            if snap is None:            # imported around the guard, or planted: replace it by the real one
+                del sys.modules[name]
+                changes.append(f"sys.modules[{name!r}] (unverified)")
+                importlib.import_module(name)
+            elif current is not snap.module:
+                sys.modules[name] = snap.module
+                changes.append(f"sys.modules[{name!r}]")
+        for name, snap in list(self._modules.items()):
+            snap.restore(changes)
+            parent_name, _, child = name.rpartition(".")
+            parent = sys.modules.get(parent_name) if parent_name else None
+            if parent is not None and getattr(parent, child, snap.module) is not snap.module:
+                setattr(parent, child, snap.module)
+                changes.append(f"{parent_name}.{child}")
+
+    def _verify_watched(self, changes):
+        for name, (module, snaps) in list(self._watched.items()):
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
+                changes.append(f"sys.modules[{name!r}]")
+            for snap in snaps:
+                snap.restore(changes)
+
+    def _verify_builtins(self, changes):
+        d = vars(builtins)
+        for k, v in self._builtins.items():
+            if d.get(k, _MISSING) is not v:
+                d[k] = v
+                changes.append(f"builtins.{k}")
+        shell = self._shell
+        if shell is not None:
+            ns = shell.user_ns
+            if ns.get("__builtins__", _MISSING) is not self._user_builtins:
+                ns["__builtins__"] = self._user_builtins
+                changes.append("__builtins__")
+
+    def _verify_machinery(self, changes):
+        for snap in self._machinery.values():
+            snap.restore(changes)
+        for snap in self._objects:
+            snap.restore(changes)
+        shell = self._shell
+        if shell is None:
+            return
+        if self._unshadow not in shell.ast_transformers:
+            shell.ast_transformers.append(self._unshadow)
+        elif shell.ast_transformers[-1] is not self._unshadow:
+            shell.ast_transformers.remove(self._unshadow)
+            shell.ast_transformers.append(self._unshadow)
+        callbacks = shell.events.callbacks
+        pre = callbacks.setdefault("pre_run_cell", [])
+        if not pre or pre[-1] is not self._pre_run_cell:        # ours runs last: nothing re-tampers after it
+            while self._pre_run_cell in pre:
+                pre.remove(self._pre_run_cell)
+            pre.append(self._pre_run_cell)
+        post = callbacks.setdefault("post_run_cell", [])
+        if self._post_run_cell not in post:
+            post.append(self._post_run_cell)
+
+    def _verify_trace(self, changes):
+        if sys.gettrace() is not None or sys.getprofile() is not None:
+            self._allow_trace = True
+            try:
+                sys.settrace(None)
+                sys.setprofile(None)
+            finally:
+                self._allow_trace = False
+            changes.append("sys.settrace/setprofile")
+
+    # ---- cell hooks -----------------------------------------------------------------------------------------
+    def _is_test(self, info):
+        cell_id = getattr(info, "cell_id", None)
+        if self._test_marker and cell_id == self._test_marker:
+            return True
+        return looks_like_test_cell(getattr(info, "raw_cell", "") or "")
+
+    def _pre_run_cell(self, info=None):
+        self._cells += 1
+        self._broken = False
+        changes = self.verify()
+        self._in_test = info is not None and self._is_test(info)
+        self._unshadow.names = frozenset()
+        if self._in_test:
+            self._prepare_unshadow(getattr(info, "raw_cell", "") or "", changes)
+            if changes:
+                sys.stderr.write("The grader restored code that an earlier cell had replaced: "
+                                 + ", ".join(sorted(set(changes))[:8]) + "\n")
+        self._report("pre", changes)
+
+    def _prepare_unshadow(self, source, changes):
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return
+        ns = self._shell.user_ns
+        loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        names = set()
+        for name in loaded - _bound_names(tree) - VOLATILE_BUILTINS:
+            real = self._pristine.get(name, _MISSING)
+            if real is not _MISSING and ns.get(name, real) is not real:
+                names.add(name)
+        if names:
+            ns[PRISTINE] = self._pristine
+            changes.extend(f"{n} (notebook global shadowing the builtin)" for n in sorted(names))
+        self._unshadow.names = frozenset(names)
+
+    def _post_run_cell(self, result=None):
+        changes = self.verify()
+        shell = self._shell
+        if self._unshadow.names and shell is not None and shell.user_ns.get(PRISTINE) is not self._pristine:
+            shell.user_ns[PRISTINE] = self._pristine
+            changes.append(PRISTINE)
+        self._unshadow.names = frozenset()
+        failed = False
+        if self._in_test and (changes or self._broken) and result is not None:
+            failed = self._fail_cell(result, changes)
+        self._in_test = False
+        self._report("post", changes, failed=failed)
+
+    def _fail_cell(self, result, changes):
+        message = ("protected code was replaced while this test ran (" + ", ".join(sorted(set(changes))[:8])
+                   + "): the grader counts the test as failed")
+        error = GraderIntegrityError(message)
+        try:
+            result.error_in_exec = error
+        except Exception:
+            pass
+        try:
+            self._showtraceback(self._shell, GraderIntegrityError, error, [f"GraderIntegrityError: {message}"])
+        except Exception:
+            pass
+        return True
+
+    # ---- reporting ------------------------------------------------------------------------------------------
+    def _flag(self, what):
+        if what not in self._seen:
+            self._seen.add(what)
+            self._pending.append(what)
+            if len(self._pending) > 50:
+                del self._pending[:-50]
+
+    def _report(self, event, changes, **extra):
+        for change in changes:
+            self._flag(f"restored {change}")
+        flags, self._pending = self._pending, []
+        self._send(event, n=self._cells, test=self._in_test, flags=flags[:20], **extra)
+
+    def _send(self, event, **fields):
+        if self._fd is None:
+            return
+        line = json.dumps({"token": self._token, "ev": event, **fields}, default=str)[:3800] + "\n"
+        try:
+            os.write(self._fd, line.encode())
+        except OSError:
+            self._fd = None
+
+
+def _apply_limits(limits):
+    try:
+        import resource
+    except ImportError:                 # not on this platform
+        return
+    names = {"data": "RLIMIT_DATA", "cpu": "RLIMIT_CPU", "nproc": "RLIMIT_NPROC", "fsize": "RLIMIT_FSIZE",
+             "core": "RLIMIT_CORE"}
+    for key, value in limits.items():
+        which = getattr(resource, names.get(key, ""), None)
+        if which is None or value is None:
+            continue
+        soft, hard = resource.getrlimit(which)
+        grace = 5 if key == "cpu" else 0                 # SIGXCPU first, SIGKILL a few seconds later
+        new_hard = value + grace if hard == resource.RLIM_INFINITY else min(hard, value + grace)
+        try:
+            resource.setrlimit(which, (min(value, new_hard), new_hard))
+        except (ValueError, OSError):   # a platform that refuses this limit (macOS and RLIMIT_DATA): go on
+            pass
+    if "fsize" in limits:
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)    # a too-large write raises OSError instead of killing
+
+
+def _drop_privileges(uid, gid):
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid:
+        raise SystemExit("grader sandbox: could not drop privileges")
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return
+    raise SystemExit("grader sandbox: privileges could be regained; refusing to run student code")
+
+
+def main(argv):
+    """Bootstrap one grading kernel: limits, identity, guard, then ipykernel (see the module docstring)."""
+    config = json.loads(argv[0])
+    kernel_argv = list(argv[1:])
+    _apply_limits(config.get("limits") or {})
+    _drop_privileges(config.get("uid"), config.get("gid"))
+    home = config.get("home")
+    if home:
+        os.makedirs(home, exist_ok=True)
+    if config.get("isolated"):
+        # the grader's pid means nothing in the kernel's own pid namespace (ipykernel would see its parent "gone");
+        # bwrap --die-with-parent ends the kernel with the grader instead
+        os.environ.pop("JPY_PARENT_PID", None)
+    guard = Guard(config)
+    if kernel_argv[:2] != ["-m", "ipykernel_launcher"]:
+        import runpy
+        guard._send("no-ipykernel")
+        sys.argv = kernel_argv[1:]
+        runpy.run_module(kernel_argv[1], run_name="__main__", alter_sys=True)
+        return
+    workdir = os.getcwd()
+    os.chdir(config.get("neutral_dir") or "/")           # no configuration read from the working copy
+    from ipykernel.kernelapp import IPKernelApp
+    guard.protect_loaded(MACHINERY)
+    launcher = importlib.util.find_spec("ipykernel_launcher")
+    sys.argv = [launcher.origin if launcher else "ipykernel_launcher", *kernel_argv[2:]]
+    app = IPKernelApp.instance()
+    app.initialize(kernel_argv[2:])
+    guard.protect_loaded(MACHINERY)
+    os.chdir(workdir)
+    guard.attach(app.shell, app.kernel)
+    app.start()

@@ -1,0 +1,283 @@
+"""The instructor grader (`python -m grader`) on the fixture assignment of grader/fixture.py (no course notebooks).
+
+One class of broken submissions is graded in parallel once (module fixture): every student gets exactly the points
+the cells they got right are worth (test_square 1, test_halve 2, test_mean 4, test_double 8), with the reason
+recorded. A few of them are graded again serially, through a crash of the grader, and must come out byte-identical.
+The commands run in this process (`grader.cli.main`), except the one that is killed.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from grader import fixture
+from grader.nbtools import ROOT, config_env, read
+
+# student -> (kind for fixture.make_student, expected points, note codes that must be recorded)
+CLASS = {
+    "right": ("right", 15, set()),
+    "blank": ("blank", 0, set()),
+    "wrong-even": ("wrong:0", 2, set()),            # only halve answered (2), bonus unanswered
+    "wrong-odd": ("wrong:1", 13, set()),            # square + mean (5) and double (8)
+    "empty": ("empty", 0, {"missing-notebook", "extra-files"}),
+    "invalid-json": ("invalid_json", 8, {"invalid-json"}),
+    "truncated": ("truncated", 11, {"truncated", "test-cell-deleted"}),   # mean lost with the cut: 1 + 2 + 8
+    "renamed": ("renamed", 15, {"renamed"}),
+    "missing": ("missing", 8, {"missing-notebook"}),
+    "extra-files": ("extra_files", 15, {"extra-files"}),
+    "wrong-kernel": ("wrong_kernel", 15, {"kernel-name"}),
+    "tampered": ("tampered", 10, {"test-cell-edited", "test-cell-deleted", "metadata-edited"}),   # 2 + 8
+    "forever": ("forever", 15, {"cell-timeout"}),
+    "memory": ("memory", 15, {"memory-limit"}),
+    "os-exit": ("os_exit", 14, {"kernel-died"}),     # the crashed cell's def is lost: square fails
+    "segfault": ("segfault", 14, {"kernel-died"}),
+    "sys-exit": ("sys_exit", 15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
+    "flood": ("flood", 15, {"output-truncated"}),
+    "writes-files": ("writes_files", 15, {"wrote-files"}),
+}
+SERIAL = ["os-exit", "truncated", "wrong-odd"]
+LIMITS = ["--timeout", "4", "--memory", "512M"]
+
+
+def grader(*args: str) -> str:
+    """`python -m grader ARGS` in this process (its stdout); SystemExit or a non-zero status fails the test."""
+    from grader.cli import main
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        status = main(list(args))
+    assert status == 0, f"python -m grader {' '.join(args)} exited {status}:\n{buffer.getvalue()}"
+    return buffer.getvalue()
+
+
+def tree_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class graded in parallel with `python -m grader all`: (solutions, submissions, workspace, stdout)."""
+    root = tmp_path_factory.mktemp("class")
+    solutions, submissions = fixture.build_class(root, {s: kind for s, (kind, _, _) in CLASS.items()})
+    before = tree_digest(submissions)
+    out = root / "grading"
+    stdout = grader("all", str(submissions), "--out", str(out), "--solutions", str(solutions), "--jobs", "4",
+                    *LIMITS)
+    assert tree_digest(submissions) == before, "grading modified the submissions folder"
+    return solutions, submissions, out, stdout
+
+
+@pytest.mark.parametrize("student", sorted(CLASS))
+def test_each_submission_gets_the_points_it_earned_with_the_reason(graded, student):
+    """Exact points per student; every broken case graded, with its note in tests.csv, grades.csv and the summary."""
+    _, _, out, _ = graded
+    kind, points, codes = CLASS[student]
+    mine = [r for r in rows(out / "tests.csv") if r["student_id"] == student]
+    assert [(r["notebook"], r["grade_id"]) for r in mine] == [
+        ("bonus", "test_double"), ("fixture", "test_square"), ("fixture", "test_halve"), ("fixture", "test_mean")]
+    got = sum(float(r["points"]) for r in mine)
+    assert got == points, f"{student} ({kind}): {got} points, expected {points}:\n" + "\n".join(map(str, mine))
+    assert all(float(r["max_points"]) == fixture.POINTS[r["grade_id"]] for r in mine)
+    reasons = " ".join(r["reason"] for r in mine)
+    for code in codes:
+        assert f"{code}:" in reasons, f"{student}: no {code!r} reason in tests.csv: {reasons!r}"
+    for row in mine:
+        if row["status"] != "passed":
+            assert row["reason"], f"{student}: {row['grade_id']} lost points without a reason"
+    grade = [r for r in rows(out / "grades.csv") if r["student_id"] == student]
+    assert len(grade) == 1 and float(grade[0]["score"]) == points and float(grade[0]["max_score"]) == 15
+    assert set(filter(None, grade[0]["notes"].split(", "))) >= codes
+    summary = (out / "summary.md").read_text()
+    for code in codes:
+        assert f"| {code} |" in summary and f"{student}/{fixture.ASSIGNMENT}" in summary
+
+
+def test_gradebook_feedback_and_summary(graded):
+    """nbgrader's gradebook holds every cell score; HTML feedback for all; the summary's pass rates add up."""
+    _, _, out, stdout = graded
+    from grader.nbtools import cell_scores
+
+    scores = cell_scores(out, fixture.ASSIGNMENT)
+    assert {r.student for r in scores} == set(CLASS) and len(scores) == 4 * len(CLASS)
+    graded_notebooks = sorted(out.glob("autograded/*/*/*.ipynb"))
+    assert len(graded_notebooks) >= len(CLASS)
+    for path in graded_notebooks:
+        student, assignment = path.parent.parent.name, path.parent.name
+        assert (out / "feedback" / student / assignment / f"{path.stem}.html").is_file(), f"no feedback for {path}"
+    for student in CLASS:       # every student, also those with nothing gradable, gets a page with the reasons
+        page = (out / "feedback" / student / fixture.ASSIGNMENT / "index.html").read_text()
+        assert f"{CLASS[student][1]:g} / 15 points" in page
+    summary = {r["grade_id"]: r for r in rows(out / "summary.csv")}
+    tests = rows(out / "tests.csv")
+    for gid, row in summary.items():
+        passed = sum(r["status"] == "passed" for r in tests if r["grade_id"] == gid)
+        assert int(row["passed"]) == passed and int(row["students"]) == len(CLASS)
+    assert summary["test_square"]["checks"] == "Check that square squares integers."
+    assert (out / "summary.png").stat().st_size > 5000
+    assert "test_square" in stdout
+
+
+def test_written_files_are_removed_and_autograded_copies_kept(graded):
+    _, _, out, _ = graded
+    folder = out / "autograded" / "writes-files" / fixture.ASSIGNMENT
+    assert sorted(p.name for p in folder.iterdir()) == ["bonus.ipynb", "fixture.ipynb"]
+    assert not list((out / "feedback" / "writes-files").rglob("scribble*"))
+
+
+@pytest.fixture(scope="module")
+def serial(graded, tmp_path_factory):
+    """A few of the students graded again with --jobs 1 by `python -m grader` in a subprocess that is killed (SIGKILL)
+    after its first result, then resumed: (submissions, workspace, the student graded before the crash, stdout)."""
+    solutions, submissions, _, _ = graded
+    root = tmp_path_factory.mktemp("serial")
+    subset, out = root / "submissions", root / "grading"
+    for student in SERIAL:
+        shutil.copytree(submissions / student, subset / student)
+    args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "1", *LIMITS]
+    proc = subprocess.Popen([sys.executable, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, **config_env()})
+    first = None
+    for line in proc.stdout:
+        if line.startswith("[1/"):
+            first = line.split()[1]
+            proc.send_signal(signal.SIGKILL)                # a crash of the grader itself
+            break
+    proc.wait(timeout=60)
+    assert first in SERIAL
+    ledger = out / "state" / first / f"{fixture.ASSIGNMENT}.json"
+    stamp = ledger.stat().st_mtime_ns
+    stdout = grader(*args)
+    assert ledger.stat().st_mtime_ns == stamp, f"{first} was graded again after the crash"
+    grader("export", "--out", str(out))
+    return solutions, subset, out, stdout
+
+
+def test_resumed_serial_run_matches_the_parallel_run_byte_for_byte(graded, serial):
+    _, _, parallel, _ = graded
+    _, _, out, stdout = serial
+    assert f"1 submissions already graded (unchanged); {len(SERIAL) - 1} to grade" in stdout, stdout
+    for name in ("tests.csv", "grades.csv"):
+        lines = (parallel / name).read_text().splitlines(keepends=True)
+        expected = lines[0] + "".join(line for line in lines[1:] if any(f",{s}," in f",{line}" for s in SERIAL))
+        assert (out / name).read_text() == expected, f"{name} differs between --jobs 1 and --jobs 4"
+
+
+def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path):
+    """Idempotent: unchanged submissions are not graded again; a resubmission and a new student are."""
+    _, submissions, _, _ = graded
+    solutions, subset, out, _ = serial
+    shutil.copytree(out, tmp_path / "grading")
+    shutil.copytree(subset, tmp_path / "submissions")
+    out, subset = tmp_path / "grading", tmp_path / "submissions"
+    args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "2", *LIMITS]
+    before = (out / "tests.csv").read_bytes()
+    assert f"graded 0, unchanged {len(SERIAL)}" in grader(*args)
+    grader("export", "--out", str(out))
+    assert (out / "tests.csv").read_bytes() == before
+    kept = (out / "state" / "os-exit" / f"{fixture.ASSIGNMENT}.json").stat().st_mtime_ns
+    shutil.rmtree(subset / "wrong-odd")                          # a resubmission, now right
+    shutil.copytree(submissions / "right", subset / "wrong-odd")
+    shutil.copytree(submissions / "right", subset / "late")      # a new student
+    assert f"graded 2, unchanged {len(SERIAL) - 1}" in grader(*args)
+    assert (out / "state" / "os-exit" / f"{fixture.ASSIGNMENT}.json").stat().st_mtime_ns == kept
+    grader("export", "--out", str(out))
+    scores = {r["student_id"]: float(r["score"]) for r in rows(out / "grades.csv")}
+    assert scores == {"late": 15.0, "os-exit": 14.0, "truncated": 11.0, "wrong-odd": 15.0}
+
+
+# ---------------------------------------------------------------- the executor and the kernel launch point
+
+def _execute(sources: list[str], tmp_path: Path, **config) -> nbformat.NotebookNode:
+    from traitlets.config import Config
+
+    from grader.execute import GraderExecute
+    from grader.kernel import GraderKernelManager
+
+    cfg = Config()
+    for key, value in config.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    nb = new_notebook(cells=[new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "not-a-kernel", "display_name": "?", "language": "python"}
+    executor = GraderExecute(config=cfg, kernel_manager_class=GraderKernelManager)
+    nb, _ = executor.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    return nb
+
+
+def _errors(cell) -> list[str]:
+    return [o.ename for o in cell.outputs if o.output_type == "error"]
+
+
+def test_notebook_timeout_and_exit_leave_the_other_cells_their_points(tmp_path):
+    """exit() ends the kernel after its cell (replayed state kept); the notebook limit stops the rest."""
+    nb = _execute(["a = 1", "b = 2\nexit()", "print(a, 'b' in dir())", "import time\ntime.sleep(30)", "print(a)"],
+                  tmp_path, GraderExecute__timeout=20, GraderExecute__notebook_timeout=5)
+    assert _errors(nb.cells[1]) == ["KernelDied"]
+    assert nb.cells[2].outputs[0].text == "1 False\n"
+    assert "NotebookTimeout" in _errors(nb.cells[3])
+    assert _errors(nb.cells[4]) == ["NotRun"]
+
+
+def test_kernel_gets_its_thread_share_limits_and_ipc_transport(tmp_path):
+    """Any kernelspec name: the grader's Python; OMP/MKL threads and the memory limit set; ipc sockets work."""
+    code = ("import os, resource, sys\n"
+            "print(os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS'], os.environ['PYTHONHASHSEED'],\n"
+            "      resource.getrlimit(resource.RLIMIT_DATA)[0], sys.executable)")
+    nb = _execute([code], tmp_path, GraderKernelManager__threads=3, GraderKernelManager__memory_limit=2**31,
+                  GraderKernelManager__transport="ipc", GraderKernelManager__runtime_dir=str(tmp_path / "rt"))
+    assert nb.cells[0].outputs[0].text.split() == ["3", "3", "0", str(2**31), sys.executable]
+    assert not list((tmp_path / "rt").iterdir()), "connection file and ipc sockets left behind"
+
+
+# ---------------------------------------------------------------- release and check
+
+def test_release_refuses_leaks_and_check_validates(tmp_path):
+    from grader.release import check, find_leaks, release
+
+    solutions = fixture.write_source(tmp_path / "course").parent
+    exercises = tmp_path / "course" / "exercises"
+    out: list[str] = []
+    assert release(None, solutions, exercises, echo=out.append) == 0, out
+    released = read(exercises / fixture.ASSIGNMENT / "fixture.ipynb")
+    assert "math.fsum" not in nbformat.writes(released) and "HIDDEN" not in nbformat.writes(released)
+    assert check(None, 1, solutions, exercises, echo=out.append) == 0, "\n".join(out)
+
+    source = read(solutions / fixture.ASSIGNMENT / "fixture.ipynb")
+    leaky = nbformat.from_dict(source)
+    leaky.cells.append(new_code_cell("# a lesson cell that shows the answer\n"
+                                     "def mean(xs):\n    return math.fsum(xs) / len(xs)"))
+    leaky.cells.append(new_code_cell("### BEGIN SOLUTON\nsecret = 42\n### END SOLUTON"))   # nbgrader ignores typos
+    nbformat.write(leaky, solutions / fixture.ASSIGNMENT / "fixture.ipynb")
+    stamp = (exercises / fixture.ASSIGNMENT / "fixture.ipynb").stat().st_mtime_ns
+    out.clear()
+    assert release(None, solutions, exercises, echo=out.append) == 1
+    text = "\n".join(out)
+    assert "BEGIN SOLUTON" in text and "solution of mean" in text, text
+    assert (exercises / fixture.ASSIGNMENT / "fixture.ipynb").stat().st_mtime_ns == stamp, "exercises/ was touched"
+    unstripped = nbformat.from_dict(released)
+    unstripped.cells[2].source = source.cells[2].source            # a solution nbgrader failed to strip
+    problems = find_leaks(source, unstripped, "fixture")
+    assert any("contains nbgrader markup" in p for p in problems)
+    assert any("gives away the solution of square" in p for p in problems)
