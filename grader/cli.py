@@ -90,6 +90,11 @@ def _autograde(args) -> int:
     from grader.workspace import Workspace
 
     ws = Workspace(_out(args))
+    from grader import sandbox
+
+    isolated, why = sandbox.status()
+    print(f"sandbox: {why}" if isolated else f"WARNING: grading is NOT isolated ({why}); student code runs with your "
+          "permissions")
     print(f"grading {args.submissions} into {ws.root}: {options.jobs} jobs, {options.threads()} threads and "
           f"{options.kernel_memory() / 2**30:.1f} GiB per kernel")
     report = autograde(args.submissions, ws, _solutions(args), options, pool=pool)

@@ -186,7 +186,9 @@ class GraderExecute(Execute):
                     status = process.wait(timeout=2)
                 except Exception:  # noqa: BLE001 - still running or already reaped: no status to report
                     status = process.poll()
-            error = _error(KERNEL_DIED, f"{describe_exit(status)} while this cell ran")
+            reason = self.km.sandbox_reason() if hasattr(self.km, "sandbox_reason") else None
+            error = _error(KERNEL_DIED, f"the sandbox stopped the kernel: {reason}" if reason
+                           else f"{describe_exit(status)} while this cell ran")
         elif isinstance(exc, KernelExit):
             error = _error(KERNEL_DIED, "exit() ended the kernel in this cell")
         else:

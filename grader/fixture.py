@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from grader.nbtools import SOLUTION_MARKERS, grade_id, nbgrader_meta, read
+from grader.nbtools import ROOT, SOLUTION_MARKERS, grade_id, nbgrader_meta, read
 
 ASSIGNMENT = "00-fixture"
 POINTS = {"test_square": 1, "test_halve": 2, "test_mean": 4, "test_double": 8}
@@ -118,6 +118,8 @@ MISBEHAVIOUR = {
     "segfault": "import ctypes\nctypes.string_at(0)",
     "sys_exit": "import sys\nsys.exit(2)",
     "flood": "for __i in range(20000):\n    print('flood line', __i)",
+    # a student who could see the course repository (the solutions) would lose `square`: the sandbox hides it
+    "peeks": f"import os\nif os.path.isdir({str(ROOT / 'solutions')!r}):\n    del square",
     "writes_files": ("open('scribble.txt', 'w').write('x')\nimport pathlib\n"
                      "pathlib.Path('../../../scribble-up.txt').write_text('x')"),
 }

@@ -173,6 +173,21 @@ class GraderKernelManager(AsyncKernelManager):
         return None if process is None else process.poll()
 
 
+def _sandboxed_manager() -> type:
+    from grader.sandbox import SandboxMixin
+
+    class SandboxedGraderKernelManager(SandboxMixin, GraderKernelManager):
+        """GraderKernelManager whose kernels run in the bubblewrap sandbox (grader/sandbox.py).
+
+        Autograde starts every student kernel through this class; GRADER_SANDBOX=off|auto|require chooses the policy.
+        """
+
+    return SandboxedGraderKernelManager
+
+
+SandboxedGraderKernelManager = _sandboxed_manager()
+
+
 def kill_recorded(pid_dir: Path) -> None:
     """Kill every kernel recorded in `pid_dir` (after its grader worker was killed)."""
     if not pid_dir.is_dir():

@@ -175,6 +175,14 @@ def summary(ws: Workspace, echo=print) -> list[Path]:
     for (student, assignment), ledger in ws.ledgers().items():
         for code in sorted({n["code"] for n in ledger.get("notes", [])}):
             issues[code].append(f"{student}/{assignment}")
+    from grader.sandbox import read_events
+
+    for events in sorted(ws.logs.glob("*/*.sandbox.jsonl")):  # logs/<student>/<assignment>.sandbox.jsonl
+        who = f"{events.parent.name}/{events.name.removesuffix('.sandbox.jsonl')}"
+        for event in read_events(events):
+            label = f"sandbox {event.get('event', '?')}" + (f" ({event['kind']})" if event.get("kind") else "")
+            if who not in issues[label]:
+                issues[label].append(who)
     for path in sorted(ws.state.glob("*/*.failed.json")):
         issues["NOT GRADED"].append(f"{path.parent.name}/{path.name.removesuffix('.failed.json')}")
     lines = [f"# Class summary: {students} students\n", "## Pass rate per test cell (lowest first: what the class "

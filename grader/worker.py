@@ -88,9 +88,10 @@ def grade_unit(job: dict) -> None:
     options = job["options"]
     config = course_config(course, cell_timeout=options["cell_timeout"], notebook_timeout=options["notebook_timeout"],
                            memory=options["memory"], file_size=options["file_size"], threads=options["threads"],
-                           transport=options["transport"],
+                           transport=options["transport"], sandbox=True,
                            # TMPDIR stays the machine's: torch.compile caches its kernels there (cold: +20 s)
                            kernel_paths={"runtime_dir": job["runtime"], "pid_dir": job["pids"], "log_path": log})
+    config.SandboxedGraderKernelManager.events_path = str(log.with_suffix(".sandbox.jsonl"))
     before = _files(course)
     notes, graded = list(intake.notes), set()
     for name in intake.notebooks:
@@ -99,6 +100,11 @@ def grade_unit(job: dict) -> None:
             _autograde(config, assignment, name)
             graded.add(name)
         except Exception as exc:  # noqa: BLE001 - one notebook's failure must not lose the others
+            from grader.sandbox import SandboxIntegrityError
+
+            if isinstance(exc, SandboxIntegrityError):
+                notes.append(Note("integrity", f"{name}.ipynb: {exc}; scored 0", name))
+                continue
             if len(START_FAILURES) > failures:    # not the student's doing: do not score, fail the job
                 raise KernelStartError(f"{name}.ipynb: {START_FAILURES[-1]} (see {log})") from exc
             logging.getLogger("traitlets").error("autograde %s failed:\n%s", name, traceback.format_exc())

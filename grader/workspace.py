@@ -83,17 +83,18 @@ def gradebook(path: Path):
 
 
 def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeout: int = 0, memory: int = 0,
-                  file_size: int = 0, threads: int = 0, transport: str = "tcp", kernel_paths: dict | None = None
-                  ) -> Config:
+                  file_size: int = 0, threads: int = 0, transport: str = "tcp", kernel_paths: dict | None = None,
+                  sandbox: bool = False) -> Config:
     """nbgrader configuration for the course at `root`, with the grader's executor and kernel manager.
 
-    `kernel_paths` may set GraderKernelManager's runtime_dir, tmp_dir, pid_dir and log_path.
+    `kernel_paths` may set GraderKernelManager's runtime_dir, tmp_dir, pid_dir and log_path. With `sandbox`, student
+    kernels run in the bubblewrap sandbox (grader/sandbox.py).
     """
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute
 
     from grader.execute import GraderExecute
-    from grader.kernel import GraderKernelManager
+    from grader.kernel import GraderKernelManager, SandboxedGraderKernelManager
 
     use_nbgrader_in_process()
     config = load_course_config()
@@ -101,13 +102,18 @@ def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeo
     config.Autograde.autograde_preprocessors = [
         GraderExecute if pp is Execute else pp for pp in Autograde.class_traits()["autograde_preprocessors"].default()]
     config.OverwriteCells.add_missing_cells = True
-    config.Execute.kernel_manager_class = GraderKernelManager
+    config.Execute.kernel_manager_class = SandboxedGraderKernelManager if sandbox else GraderKernelManager
     if cell_timeout:
         config.Execute.timeout = int(cell_timeout)
     config.GraderExecute.notebook_timeout = int(notebook_timeout)
     manager = config.GraderKernelManager
     manager.memory_limit, manager.file_size_limit, manager.threads = int(memory), int(file_size), int(threads)
     manager.transport = transport
+    if sandbox and memory:
+        # RLIMIT_DATA (above) turns one process's runaway allocation into a MemoryError in its cell, which keeps the
+        # points earned before it; the sandbox's watchdog, a quarter higher, stops a kernel whose processes together
+        # (forks, DataLoader workers) pass the limit.
+        config.SandboxedGraderKernelManager.sandbox_memory = str(int(memory * 1.25))
     for name, value in (kernel_paths or {}).items():
         setattr(manager, name, str(value))
     return config
