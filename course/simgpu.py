@@ -33,9 +33,9 @@ What is modelled
   host buffer holding wrong values (NaN for floats, the bitwise complement for integers and bools) until the stream
   is synchronised, when the right data is written into it in place. Only a sync fills it, never elapsed time, so the
   outcome is deterministic. Blocking copies return the right data.
-- Autocast: `torch.autocast("cuda", dtype)` (and `torch.amp.autocast`, `torch.cuda.amp.autocast`) runs as CPU
-  autocast with that dtype (float16 by default, as on CUDA); each region is recorded, and so is every backward
-  call, with whether it ran inside an enabled autocast region. `torch.amp.GradScaler("cuda")` is enabled and works
+- Autocast: `torch.autocast("cuda", dtype)` (and `torch.amp.autocast`, and the deprecated
+  `torch.cuda.amp.autocast`) runs as CPU autocast with that dtype (float16 by default, as on CUDA); each region is
+  recorded, and so is every backward call, with whether it ran inside an enabled autocast region. `torch.amp.GradScaler("cuda")` is enabled and works
   (scaling, inf/NaN detection and skipped steps, scale backoff); its calls are recorded with the dtype of the
   surrounding (or the latest) autocast region.
 - The record: `SimGPU.log` and its views (`syncs`, `explicit_syncs`, `copies`, `h2d_copies`, `d2h_copies`, `pins`,

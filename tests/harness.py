@@ -170,3 +170,31 @@ def autograde_variants(assignment: str, variants: list[Variant], root: Path) -> 
     for row in cell_scores(root, assignment):
         scores.setdefault(row.student, {})[row.grade_id] = (row.score, row.max_score)
     return scores
+
+
+def check_roundtrip(assignment: str, root: Path) -> dict:
+    """`autograde_roundtrip`, then the checks every module notebook must pass (issue 3, "Tests that must hold").
+
+    The solution scores full marks on every graded cell and raises nowhere; the unchanged released exercise scores 0
+    on every graded cell, and its lesson cells do not crash before the learner has written anything.
+    """
+    scores = autograde_roundtrip(assignment, root)
+    assert not scores["solution_errors"], f"cells raised while autograding the solution: {scores['solution_errors']}"
+    solution, exercise = scores["solution"], scores["exercise"]
+    expected = {grade_id(c) for nb in (root / "solutions" / assignment).glob("*.ipynb") for c in read(nb).cells
+                if c.cell_type == "code" and nbgrader_meta(c).get("grade")}
+    assert set(solution) == set(exercise) == expected, f"graded cells {sorted(solution)}, expected {sorted(expected)}"
+    for cell, (score, total) in solution.items():
+        assert score == total > 0, f"solution: {cell} scored {score}/{total}"
+    for cell, (score, total) in exercise.items():
+        assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
+    for nb_path in (root / "autograded" / "exercise" / assignment).glob("*.ipynb"):
+        for i, cell in enumerate(read(nb_path).cells):
+            meta = nbgrader_meta(cell)
+            if cell.cell_type != "code" or meta.get("grade") or meta.get("solution"):
+                continue
+            errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
+                      if o.get("output_type") == "error"]
+            assert not errors, (f"{nb_path.name} cell {i} raised before the exercises are solved: {errors}; "
+                                "catch NotImplementedError and say which exercise to finish first")
+    return scores
