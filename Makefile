@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP  := $(VENV)/.installed-$(DEPS_HASH)
 PYTEST_ARGS ?=
+# Jupyter refuses to run as root unless told to (containers, cloud machines).
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test test-gpu install sandbox release check grade bench clean
 
@@ -27,7 +29,7 @@ sandbox:
 	  echo "bubblewrap is not installed: grading will NOT be isolated (see grader/sandbox.py)"
 
 lab: install
-	JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises
+	JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
 test: install sandbox
 	$(PY) -m pytest -rs $(PYTEST_ARGS)
