@@ -242,17 +242,6 @@ def measure_step(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, target
     return StepFigures(precision, int(inputs.shape[0]), timing.median_ms, activations, peak, str(device))
 
 
-def _widgets_available() -> bool:
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    from course.env import under_autograder
-
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel") and not under_autograder()
-
 
 def explore(measure: Callable[[str, int], StepFigures], precisions: Sequence[str], batch_sizes: Sequence[int],
             *, recorded: dict[str, float] | None = None, recorded_label: str = "", interactive: bool | None = None) -> None:
@@ -291,7 +280,9 @@ def explore(measure: Callable[[str, int], StepFigures], precisions: Sequence[str
         render()
 
     if interactive is None:
-        interactive = _widgets_available()
+        from course.env import widgets_can_render
+
+        interactive = widgets_can_render()
     if not interactive:
         for precision in precisions:
             cache[(precision, batch_sizes[0])] = measure(precision, batch_sizes[0])

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "record_sheet", "show", "save", "format_sheet", "under_autograder", "on_colab", "nvidia_smi", "parse_nvidia_smi",
+    "record_sheet", "show", "save", "format_sheet", "under_autograder", "on_colab", "in_kernel", "widgets_can_render", "nvidia_smi", "parse_nvidia_smi",
     "precision_settings",
 ]
 
@@ -272,7 +272,11 @@ def _html(sheet: dict[str, Any]) -> str:
     return f"<table>{rows}</table>" + (f"<ul>{hints}</ul>" if hints else "")
 
 
-def _in_notebook() -> bool:
+def in_kernel() -> bool:
+    """True in a live Jupyter or Colab kernel (not a plain IPython terminal, where display() prints text).
+
+    Introduced in 01-device.
+    """
     ipython = sys.modules.get("IPython")
     if ipython is None:
         return False
@@ -280,10 +284,24 @@ def _in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
+def widgets_can_render() -> bool:
+    """True where ipywidgets explorers can run: a live kernel with ipywidgets, not the autograder.
+
+    Introduced in 03-throughput; elsewhere explorers fall back to a plain function call.
+    """
+    if under_autograder() or not in_kernel():
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def show(sheet: dict[str, Any] | None = None) -> None:
     """Show the record sheet: an HTML table in a notebook, text elsewhere. Introduced in 01-device."""
     sheet = record_sheet() if sheet is None else sheet
-    if _in_notebook():
+    if in_kernel():
         from IPython.display import HTML, display
 
         display(HTML(_html(sheet)))

@@ -7,7 +7,6 @@ stays cheap and a test can pick the Agg backend first.
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
@@ -144,7 +143,9 @@ class LivePlot:
 
     def show(self) -> None:
         """Display the figure in the notebook (once; later redraws update it in place)."""
-        if self._handle is None and _in_ipython():
+        from course.env import in_kernel
+
+        if self._handle is None and in_kernel():
             from IPython.display import display
 
             self._handle = display(self.fig, display_id=True)
@@ -167,9 +168,3 @@ class LivePlot:
         self.fig.savefig(buffer, format="png")
         return buffer.getvalue()
 
-
-def _in_ipython() -> bool:
-    """True in a Jupyter kernel (not in a plain IPython terminal, where display() would print text)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return shell is not None and hasattr(shell, "kernel")

@@ -185,7 +185,7 @@ def test_show_prints_text_outside_a_notebook(capsys):
 
 def test_show_displays_escaped_html_in_a_notebook(monkeypatch):
     shown = []
-    monkeypatch.setattr(env, "_in_notebook", lambda: True)
+    monkeypatch.setattr(env, "in_kernel", lambda: True)
     import IPython.display
 
     monkeypatch.setattr(IPython.display, "display", shown.append)
@@ -221,3 +221,13 @@ def test_record_sheet_on_a_real_gpu():
     assert sheet["gpu_memory_gib"] > 0
     if env.shutil.which("nvidia-smi"):
         assert sheet["driver"] is not None and sheet["smi_gpu"] is not None
+
+
+def test_widgets_render_only_in_a_live_kernel_and_never_under_the_autograder(monkeypatch):
+    """Explorers fall back to a plain call in a terminal and under nbgrader, and use widgets in a live kernel."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    assert not env.in_kernel() and not env.widgets_can_render()  # pytest is no Jupyter kernel
+    monkeypatch.setattr(env, "in_kernel", lambda: True)
+    assert env.widgets_can_render()
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert not env.widgets_can_render()

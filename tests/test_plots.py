@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt  # Agg: tests/conftest.py sets MPLBACKEND before anything imports matplotlib
 import pytest
 
-from course import plots
+from course import env, plots
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ def test_live_plot_updates_one_notebook_display_in_place(monkeypatch):
 
     import IPython.display
 
-    monkeypatch.setattr(plots, "_in_ipython", lambda: True)
+    monkeypatch.setattr(env, "in_kernel", lambda: True)
     monkeypatch.setattr(IPython.display, "display", display)
     live = plots.LivePlot()
     live.add("a", 1, 1)
