@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -176,7 +177,7 @@ def gradient_underflow(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn:
     reference = grads(torch.float32, 1.0)
     trial = grads(dtype, loss_scale)
     nonzero = sum(int((r != 0).sum()) for r in reference)
-    flushed = sum(int(((r != 0) & (t == 0)).sum()) for r, t in zip(reference, trial))
+    flushed = sum(int(((r != 0) & (t == 0)).sum()) for r, t in zip(reference, trial, strict=False))
     return flushed / max(nonzero, 1)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["check", "expect_equal", "expect_close", "expect_raises", "expect_type", "passed"]
 

@@ -14,8 +14,9 @@ import contextlib
 import functools
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ def max_abs_diff(a: Any, b: Any) -> float:
     left, right = _leaves(a), _leaves(b)
     if len(left) != len(right) or not left:
         raise ValueError(f"cannot compare outputs: {len(left)} tensors against {len(right)}")
-    return max(float((x.detach().float() - y.detach().float()).abs().max()) for x, y in zip(left, right))
+    return max(float((x.detach().float() - y.detach().float()).abs().max()) for x, y in zip(left, right, strict=False))
 
 
 def compile_report(model: Callable[[torch.Tensor], Any], example_input: torch.Tensor, iters: int = 20,

@@ -88,7 +88,7 @@ def parse_nvidia_smi(text: str, fields: tuple[str, ...] = _SMI_QUERIES[0]) -> di
     rows = [[cell.strip() for cell in line.split(",")] for line in text.strip().splitlines() if line.strip()]
     if not rows or len(rows[0]) != len(fields):
         return {}
-    raw = dict(zip(fields, rows[0]))
+    raw = dict(zip(fields, rows[0], strict=False))
     known = {k: v for k, v in raw.items() if v and not v.startswith("[") and v != "N/A"}
     out: dict[str, Any] = {"name": known.get("name"), "driver": known.get("driver_version"), "count": len(rows)}
     if "memory.total" in known:

@@ -111,6 +111,6 @@ class MatmulBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of shape (N, num_classes)."""
         h = self.proj(self.flatten(x))
-        for norm, layer in zip(self.norms, self.layers):
+        for norm, layer in zip(self.norms, self.layers, strict=False):
             h = h + self.act(layer(norm(h)))
         return self.head(h)

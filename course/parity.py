@@ -9,8 +9,8 @@ Introduced in 05-parity.
 from __future__ import annotations
 
 import contextlib
-from functools import lru_cache
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from functools import cache
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ def parity_data(prefer: str | None = None):  # -> course.data.DataBundle
     return _load(prefer)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(prefer: str):  # -> course.data.DataBundle
     from course.data import load
 
@@ -114,15 +114,16 @@ def parity_plot(ref_accs: Sequence[float], amp_accs: Sequence[float], *, toleran
 
     Returns the matplotlib Axes. Introduced in 05-parity.
     """
-    import matplotlib.pyplot as plt
     import statistics
+
+    import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.5))
     ref_mean = statistics.fmean(ref_accs)
     ax.axhspan(ref_mean - tolerance, ref_mean + tolerance, color="tab:green", alpha=0.15,
                label=f"{labels[0]} mean ± {tolerance} points")
-    for x, (name, accs) in enumerate(zip(labels, (ref_accs, amp_accs))):
+    for x, (name, accs) in enumerate(zip(labels, (ref_accs, amp_accs), strict=False)):
         mean = statistics.fmean(accs)
         ax.scatter([x] * len(accs), accs, zorder=3, label=f"{name}: one dot per seed")
         ax.hlines(mean, x - 0.25, x + 0.25, colors="black", zorder=4)

@@ -7,7 +7,8 @@ stays cheap and a test can pick the Agg backend first.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -39,7 +40,7 @@ def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", ax: 
     heights = [_number(v) for v in values.values()]
     bars = ax.bar(labels, heights, color=[f"C{i % 10}" for i in range(len(labels))])
     ax.bar_label(bars, labels=[_format(h) for h in heights], padding=2)
-    for bar, height in zip(bars, heights):
+    for bar, height in zip(bars, heights, strict=False):
         if math.isnan(height):  # bar_label leaves a missing value blank; say it was not measured
             ax.text(bar.get_x() + bar.get_width() / 2, 0, "n/a", ha="center", va="bottom")
     ax.set_ylabel(ylabel)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -238,7 +238,7 @@ def format_figures(figures: list[CopyFigure] | tuple[CopyFigure, ...]) -> str:
     rows += [(f.gpu, f.host, num(f.pinned_gbps), num(f.pageable_gbps), num(f.ratio, ".1f") + ("×" if f.ratio else ""),
               f.source) for f in figures]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
 
 
 def plot_figures(figures: list[CopyFigure] | tuple[CopyFigure, ...], ax: Any = None) -> Any:

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 
-
 def _parser() -> argparse.ArgumentParser:
     from grader.grade import Options, cores
 

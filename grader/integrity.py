@@ -227,7 +227,7 @@ class _ObjectSnap:
                 changes.append(f"{label}.{n}")
             if contents is not None:
                 if isinstance(value, list) and (len(value) != len(contents) or
-                                                any(a is not b for a, b in zip(value, contents))):
+                                                any(a is not b for a, b in zip(value, contents, strict=False))):
                     value[:] = contents
                     changes.append(f"{label}.{n}[]")
                 elif isinstance(value, dict) and (value.keys() != contents.keys() or
@@ -479,7 +479,7 @@ class Guard:
         meta = sys.meta_path
         index = next((i for i, f in enumerate(meta) if f is self._finder), None)
         if index is None or len(meta[:index]) != len(self._meta_prefix) or \
-                any(a is not b for a, b in zip(meta[:index], self._meta_prefix)):
+                any(a is not b for a, b in zip(meta[:index], self._meta_prefix, strict=False)):
             # finders put in front of ours (or ours removed): ours goes back right after the original ones
             rest = [f for f in meta if f is not self._finder and all(f is not g for g in self._meta_prefix)]
             meta[:] = [*self._meta_prefix, self._finder, *rest]

@@ -178,11 +178,11 @@ def check(names: list[str] | None = None, jobs: int = 1, solutions: Path = SOLUT
     jobs = max(1, min(jobs, len(tasks)))
     threads = [max(1, cores() // jobs)] * len(tasks)
     if jobs == 1:
-        results = list(map(_validate_one, *zip(*tasks), threads))
+        results = list(map(_validate_one, *zip(*tasks, strict=False), threads))
     else:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            results = list(pool.map(_validate_one, *zip(*tasks), threads))
-    for (path, invert), result in zip(tasks, results):
+            results = list(pool.map(_validate_one, *zip(*tasks, strict=False), threads))
+    for (path, invert), result in zip(tasks, results, strict=False):
         label = Path(path).relative_to(Path(path).parents[2])
         for kind in ("type_changed", "changed"):
             if result.get(kind):

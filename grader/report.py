@@ -156,7 +156,7 @@ def _plot(rows: list[dict], path: Path, students: int) -> Path:
     ax.set_xlim(0, 100)
     ax.set_xlabel("students who passed this test cell (%)")
     ax.set_title(f"Pass rate per test cell ({students} students)")
-    for bar, rate in zip(bars, rates):
+    for bar, rate in zip(bars, rates, strict=False):
         inside = rate > 88
         ax.text(rate - 1 if inside else rate + 1, bar.get_y() + bar.get_height() / 2, f"{rate:.0f}%", va="center",
                 ha="right" if inside else "left", color="white" if inside else "black", fontsize=7)
@@ -252,7 +252,7 @@ def feedback(ws: Workspace, jobs: int, force: bool = False, echo=print) -> list[
     errors = []
     if todo:
         with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=get_context("spawn")) as pool:
-            errors = [e for e in pool.map(_feedback_one, [str(ws.root)] * len(todo), *zip(*todo)) if e]
+            errors = [e for e in pool.map(_feedback_one, [str(ws.root)] * len(todo), *zip(*todo, strict=False)) if e]
     by_unit: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in per_test_rows(ws):
         by_unit[(row["student_id"], row["assignment"])].append(row)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from course import amp
-from course.simgpu import GPUSpec, PRESETS, simulated_cuda
+from course.simgpu import PRESETS, GPUSpec, simulated_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "solutions" / "04-amp" / "amp.ipynb"

@@ -11,7 +11,13 @@ import torch
 from torch import nn
 
 from course.compile import (
-    PT2_ANNOUNCEMENT, GraphRecorder, compile_report, elementwise_chain, max_abs_diff, safe_compile, stand_in_compile,
+    PT2_ANNOUNCEMENT,
+    GraphRecorder,
+    compile_report,
+    elementwise_chain,
+    max_abs_diff,
+    safe_compile,
+    stand_in_compile,
 )
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
 from tests.harness import check_roundtrip

@@ -16,8 +16,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import simgpu
-from course.simgpu import (PRESETS, CostlyModel, DeviceMismatchError, GPUSpec, find_device_mismatch, gpu_session,
-                           gpu_work, run_on_meta, simulated_cuda)
+from course.simgpu import (
+    PRESETS,
+    CostlyModel,
+    DeviceMismatchError,
+    GPUSpec,
+    find_device_mismatch,
+    gpu_session,
+    gpu_work,
+    run_on_meta,
+    simulated_cuda,
+)
 
 CUDA0 = torch.device("cuda", 0)
 no_real_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens on a machine without a GPU")
