@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-gpu install sandbox release check grade bench clean
+.PHONY: lab test test-gpu install sandbox lint release check grade bench clean
 
 install: $(STAMP)
 
@@ -31,8 +31,12 @@ sandbox:
 lab: install
 	JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
-test: install sandbox
-	$(PY) -m pytest -rs $(PYTEST_ARGS)
+test: install sandbox lint
+	$(PY) -m pytest -rs --durations=10 $(PYTEST_ARGS)
+
+# The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check
 
 test-gpu: install sandbox
 	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)

@@ -265,11 +265,12 @@ def test_notebook_never_uses_the_deprecated_api():
     assert not re.search(r"torch\.cuda\.amp\.\w+\(", source)
 
 
-def test_autograde_roundtrip(tmp_path: Path):
+@pytest.mark.roundtrip("04-amp")
+def test_autograde_roundtrip():
     """The solution gets full marks on every graded cell with no errors; the released exercise gets 0 everywhere."""
     from tests.harness import check_roundtrip
 
-    check_roundtrip("04-amp", tmp_path)
+    check_roundtrip("04-amp")
 
 
 # ---- on a real GPU ----------------------------------------------------------------------------------------------

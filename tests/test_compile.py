@@ -228,9 +228,10 @@ def test_cell_layout_and_graded_cells(nb):
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
 
 
-def test_autograde_round_trip(tmp_path: Path):
+@pytest.mark.roundtrip(ASSIGNMENT)
+def test_autograde_round_trip():
     """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
-    check_roundtrip(ASSIGNMENT, tmp_path)
+    check_roundtrip(ASSIGNMENT)
 
 
 # ---------------------------------------------------------------- on a real GPU (make test-gpu)

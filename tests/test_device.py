@@ -5,8 +5,6 @@ course.simgpu (test_simgpu.py). What is checked here is the notebook itself.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -72,9 +70,10 @@ def test_meta_device_mixing_raises_as_the_lesson_says():
         torch.randn(4, 3, device="meta") + torch.zeros(3)
 
 
-def test_autograde_round_trip(tmp_path: Path):
+@pytest.mark.roundtrip(ASSIGNMENT)
+def test_autograde_round_trip():
     """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
-    check_roundtrip(ASSIGNMENT, tmp_path)
+    check_roundtrip(ASSIGNMENT)
 
 
 @pytest.mark.gpu

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from grader import nbtools
+from tests import harness
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,7 +37,8 @@ def test_environment_yml_names_the_same_packages_as_pyproject():
     for dep in env["dependencies"]:
         listed += dep["pip"] if isinstance(dep, dict) else [dep]
     got = _names([d for d in listed if not d.startswith("-e")]) - {"python", "pip"}
-    assert got == wanted, f"only in pyproject.toml: {sorted(wanted - got)}; only in environment.yml: {sorted(got - wanted)}"
+    assert got == wanted, (f"only in pyproject.toml: {sorted(wanted - got)}; "
+                           f"only in environment.yml: {sorted(got - wanted)}")
 
 
 def test_notebook_lists_are_consistent():
@@ -48,7 +48,8 @@ def test_notebook_lists_are_consistent():
     assert sources == released, (f"missing in exercises/: {sorted(map(str, sources - released))}; "
                                  f"without a source: {sorted(map(str, released - sources))}; {FIX_RELEASE}")
     for path in sources:
-        assert path.parts[0] in nbtools.ASSIGNMENTS, f"{path}: unknown assignment folder (expected one of {nbtools.ASSIGNMENTS})"
+        assert path.parts[0] in nbtools.ASSIGNMENTS, \
+            f"{path}: unknown assignment folder (expected one of {nbtools.ASSIGNMENTS})"
 
 
 @pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -115,10 +116,18 @@ def _comparable(nb) -> list:
     return [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells] + [dict(nb.metadata)]
 
 
-@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
-def test_exercises_match_a_fresh_release(assignment: str, tmp_path: Path):
-    """exercises/ equals what `nbgrader generate_assignment` produces from solutions/ now."""
-    released = nbtools.generate(nbtools.make_course(tmp_path, [assignment]), assignment)
+def _roundtrip(assignment: str):
+    return pytest.param(assignment, marks=pytest.mark.roundtrip(assignment), id=assignment)
+
+
+@pytest.mark.parametrize("assignment", [_roundtrip(a) for a in nbtools.assignments()])
+def test_exercises_match_a_fresh_release(assignment: str):
+    """exercises/ equals what `nbgrader generate_assignment` produces from solutions/ now.
+
+    The fresh release is the one the session's grading round trip made (tests/harness.py), and that round trip
+    proves what `nbgrader validate` and `validate --invert` would: solutions pass every test, exercises fail them all.
+    """
+    released = harness.graded(assignment)["released"]
     for fresh in sorted(released.glob("*.ipynb")):
         committed = nbtools.EXERCISES / assignment / fresh.name
         assert committed.exists(), f"{committed} is missing; {FIX_RELEASE}"
@@ -131,26 +140,10 @@ def test_checks_cover_an_empty_course(tmp_path: Path):
     assert nbtools.notebooks(tmp_path) == [] and nbtools.assignments(tmp_path) == []
 
 
-@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
-def test_nbgrader_validate_solutions_pass_and_exercises_fail(assignment: str):
-    """`nbgrader validate` passes on the solution; `nbgrader validate --invert` shows every released test failing."""
-    jobs = {}
-    for kind, folder, extra in (("solution", nbtools.SOLUTIONS, []), ("exercise", nbtools.EXERCISES, ["--invert"])):
-        for nb in sorted((folder / assignment).glob("*.ipynb")):
-            cmd = [sys.executable, "-m", "nbgrader", "validate", *extra, str(nb)]
-            jobs[(kind, nb)] = subprocess.Popen(cmd, cwd=nbtools.ROOT, env={**os.environ, **nbtools.config_env()}, text=True,
-                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    for (kind, nb), proc in jobs.items():
-        out = proc.communicate(timeout=600)[0]
-        expected = "Success! Your notebook passes all the tests." if kind == "solution" \
-            else "Success! The notebook does not pass any tests."
-        assert expected in out, f"nbgrader validate {'--invert ' if kind == 'exercise' else ''}{nb}:\n{out[-3000:]}"
-
-
 def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
     """The leak check flags solution code pasted into an exercise, not one short line quoted in a hint."""
-    solution = ("def f(x):\n    ### BEGIN SOLUTION\n    y = torch.as_tensor(x)\n    y = y.to(device, non_blocking=True)\n"
-                "    return y.float().mean()\n    ### END SOLUTION\n")
+    solution = ("def f(x):\n    ### BEGIN SOLUTION\n    y = torch.as_tensor(x)\n"
+                "    y = y.to(device, non_blocking=True)\n    return y.float().mean()\n    ### END SOLUTION\n")
     blocks = _solution_blocks(solution)
     pasted = "print('lesson')\ny = torch.as_tensor(x)\ny = y.to(device, non_blocking=True)\nreturn y.float().mean()\n"
     hint = "checks.check(ok, 'copies overlap', 'write y = y.to(device, non_blocking=True)')\n"

@@ -1,4 +1,4 @@
-"""The mutation catalogue (issue 5): every typical mistake fails its test cells, every correct variant passes.
+"""The mutation catalogue: every typical mistake fails its test cells, every correct variant passes.
 
 Each variant runs in-process against the notebook's own test cells, visible and hidden, as written in solutions/.
 The detection rate is printed at the end of the pytest run.
@@ -13,7 +13,8 @@ from grader import nbtools
 from tests.harness import graded_functions, load_catalogue, run_function_tests
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
-RESULTS: list[tuple[str, str, bool, bool]] = []  # (topic, "function/variant", wrong, caught): read by conftest's summary
+# (topic, "function/variant", wrong, caught): read by conftest's summary
+RESULTS: list[tuple[str, str, bool, bool]] = []
 
 
 def _notebook(topic: str) -> Path:
@@ -29,7 +30,8 @@ def test_catalogue_covers_every_graded_function(catalogue: Path):
     for function in graded_functions(nbtools.read(_notebook(catalogue.stem))):
         wrong = sum(v.wrong for v in variants if v.function == function)
         right = sum(not v.wrong for v in variants if v.function == function)
-        assert wrong >= 2 and right >= 1, f"{catalogue.name}: {function} has {wrong} wrong and {right} correct variants (need 2 and 1)"
+        assert wrong >= 2 and right >= 1, \
+            f"{catalogue.name}: {function} has {wrong} wrong and {right} correct variants (need 2 and 1)"
 
 
 @pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda p: p.stem)
@@ -44,21 +46,25 @@ def test_catalogue_variants_are_judged_right(catalogue: Path):
         RESULTS.append((catalogue.stem, f"{v.function}/{v.name}", v.wrong, caught))
         if caught != v.wrong:
             detail = "; ".join(f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed)
-            problems.append(f"{v.function}/{v.name} ({'wrong, not caught' if v.wrong else 'correct, failed: ' + detail})")
+            verdict = "wrong, not caught" if v.wrong else "correct, failed: " + detail
+            problems.append(f"{v.function}/{v.name} ({verdict})")
     assert not problems, f"{catalogue.name}: " + " | ".join(problems)
 
 
-def test_variants_through_real_autograde(tmp_path: Path):
+def _end_to_end_variants() -> list:
+    """Two wrong variants of different functions and one correct variant of 01-device's catalogue."""
+    variants = load_catalogue(Path(__file__).parent / "mutations" / "device.py")
+    picked = [next(v for v in variants if v.wrong), next(v for v in variants if not v.wrong)]
+    return picked + [next(v for v in variants if v.wrong and v.function != picked[0].function)]
+
+
+@pytest.mark.roundtrip("01-device", variants=_end_to_end_variants)
+def test_variants_through_real_autograde():
     """End to end: nbgrader autograde gives a wrong variant 0 on its function's cells and full marks elsewhere."""
     from tests.harness import autograde_variants
 
-    catalogue = Path(__file__).parent / "mutations" / "device.py"
-    if not catalogue.exists():
-        pytest.skip("tests/mutations/device.py is not written yet")
-    variants = load_catalogue(catalogue)
-    picked = [next(v for v in variants if v.wrong), next(v for v in variants if not v.wrong)]
-    picked += [next(v for v in variants if v.wrong and v.function != picked[0].function)]
-    scores = autograde_variants(_notebook("device").parent.name, picked, tmp_path)
+    picked = _end_to_end_variants()
+    scores = autograde_variants("01-device", picked)
     for v in picked:
         lost = []
         for gid, (score, max_score) in scores[v.name].items():

@@ -82,11 +82,12 @@ def test_parity_plot_draws_both_precisions():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "bf16"]
 
 
-def test_autograde_roundtrip(tmp_path: Path):
+@pytest.mark.roundtrip("05-parity")
+def test_autograde_roundtrip():
     """The solution gets full marks on every graded cell with no errors; the released exercise gets 0 everywhere."""
     from tests.harness import check_roundtrip
 
-    check_roundtrip("05-parity", tmp_path)
+    check_roundtrip("05-parity")
 
 
 @pytest.mark.gpu

@@ -52,11 +52,12 @@ def test_test_cells_restore_the_thread_count_and_leave_no_globals():
             assert "with num_threads(1):" in cell.source
 
 
-def test_autograde_roundtrip(tmp_path: Path):
+@pytest.mark.roundtrip(ASSIGNMENT)
+def test_autograde_roundtrip():
     """The solution earns every point and raises nowhere; the unchanged exercise earns none."""
     from tests.harness import check_roundtrip
 
-    check_roundtrip(ASSIGNMENT, tmp_path)
+    check_roundtrip(ASSIGNMENT)
 
 
 @pytest.mark.gpu

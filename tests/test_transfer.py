@@ -184,9 +184,10 @@ def test_graded_cells_define_what_their_grade_id_names():
     assert grade_id(nb.cells[1]) == "colab_setup" and grade_id(nb.cells[2]) == "setup"
 
 
-def test_autograde_round_trip(tmp_path: Path):
+@pytest.mark.roundtrip(ASSIGNMENT)
+def test_autograde_round_trip():
     """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
-    check_roundtrip(ASSIGNMENT, tmp_path)
+    check_roundtrip(ASSIGNMENT)
 
 
 @pytest.mark.gpu
