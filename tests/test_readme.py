@@ -181,7 +181,8 @@ def test_lms_download_is_graded_by_the_readme_commands_as_written(tmp_path):
 
     out = tmp_path / "grading"
     proc = subprocess.run([*argv, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert (out / "grades.csv").is_file(), f"grading wrote no grades.csv:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 and (out / "grades.csv").is_file(), \
+        f"grading failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     with open(out / "grades.csv", newline="") as f:
         rows = {row["student_id"]: row for row in csv.DictReader(f) if row["assignment"] == ASSIGNMENT}
     assert set(rows) == students, f"grades.csv names {sorted(rows)}"
