@@ -28,8 +28,9 @@ sandbox:
 	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; }; } || \
 	  echo "bubblewrap is not installed: grading will NOT be isolated (see grader/sandbox.py)"
 
+# .venv/bin goes first on PATH: Formgrader runs `alembic` (its gradebook migrations) by name.
 lab: install
-	JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
 test: install sandbox lint
 	$(PY) -m pytest -rs --durations=10 $(PYTEST_ARGS)
