@@ -228,7 +228,8 @@ def safe_compile(model, example_input, **compile_kwargs):
         (_TRAIN_COPIES,
          "            inputs = inputs.to(device)\n            targets = targets.to(device)\n            optimizer")),
         "batches copied without non_blocking, so the host waits for every copy"),
-    Variant("fit", "clock_not_synchronised", True, _fit(("        wait()\n        elapsed", "        elapsed")),
+    Variant("fit", "clock_not_synchronised", True, _fit(
+        ("        finish_gpu_work()\n        elapsed", "        elapsed")),
             "no sync before stopping the epoch's clock: the work still queued on the GPU is not counted"),
     Variant("fit", "autocast_cuda_hardcoded", True, _fit(
         ("            with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n                loss",
