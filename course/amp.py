@@ -1,9 +1,9 @@
-"""Mixed precision: which autocast dtype a device should use, the GradScaler, and one AMP training step.
+"""Mixed precision: the lesson's measuring helpers for 04-amp.
 
-`amp_dtype`, `make_scaler` and `amp_train_step` are the reference versions of the functions learners write in
-04-amp; 05-parity and 06-compile reuse them. The rest are the lesson's measuring helpers: the number formats,
-how many gradients flush to zero in fp16, what one step costs in time and memory, and the precision explorer.
-Only torch.amp / torch.autocast are used: torch.cuda.amp is deprecated.
+The number formats side by side, how many gradients flush to zero in fp16, the TF32 switch, what one training step
+costs in time and memory, and the precision explorer. The graded functions of 04-amp (which dtype, which scaler,
+one training step) are written by the learner and exist only in the notebook: `measure_step` times the learner's own
+step, passed in. Only torch.amp / torch.autocast are used: torch.cuda.amp is deprecated.
 
 Introduced in 04-amp.
 """
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    "PRECISIONS", "DATASHEET", "amp_dtype", "make_scaler", "amp_train_step", "format_table", "tf32_setting",
-    "tf32_mode", "gradient_underflow", "saved_activation_bytes", "StepFigures", "measure_step", "explore",
+    "PRECISIONS", "DATASHEET", "format_table", "tf32_setting", "tf32_mode", "gradient_underflow",
+    "saved_activation_bytes", "StepFigures", "measure_step", "explore",
 ]
 
 # The three precisions of the course, by the short names the notebooks use.
@@ -42,62 +42,8 @@ def _device(device: Any) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a device torch knows; pass e.g. torch.device('cuda') or 'cpu'") from exc
-
-
-def amp_dtype(device: torch.device | str) -> torch.dtype:
-    """The autocast dtype to train with on `device`.
-
-    CUDA with compute capability 8.0 or newer (A100, L4, H100): bfloat16, which Tensor Cores run natively.
-    Older CUDA GPUs (T4, V100): float16, with a GradScaler. MPS: float16. CPU: bfloat16.
-    The capability is read directly: torch.cuda.is_bf16_supported() also says True on a T4, where bf16 is emulated.
-
-    Introduced in 04-amp.
-    """
-    device = _device(device)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
-    if device.type == "mps":
-        return torch.float16
-    if device.type == "cpu":
-        return torch.bfloat16
-    raise ValueError(f"amp_dtype: no mixed-precision rule for device type {device.type!r}; use 'cuda', 'mps' or 'cpu'")
-
-
-def make_scaler(device: torch.device | str, dtype: torch.dtype) -> torch.amp.GradScaler:
-    """A torch.amp.GradScaler for `device`, enabled exactly when training in float16.
-
-    bf16 has fp32's exponent range, so its gradients do not underflow and need no scaling; fp32 needs none either.
-    A disabled scaler is a no-op: scale() returns the loss, step() calls optimizer.step(), update() does nothing.
-
-    Introduced in 04-amp.
-    """
-    return torch.amp.GradScaler(_device(device).type, enabled=dtype == torch.float16)
-
-
-def amp_train_step(model: nn.Module, batch: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer,
-                   scaler: torch.amp.GradScaler, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                   device: torch.device | str, dtype: torch.dtype) -> float:
-    """One mixed-precision training step on `batch` = (inputs, targets); returns the loss as a Python float.
-
-    The forward pass and the loss run under torch.autocast(device.type, dtype) (plain fp32 when dtype is float32);
-    the backward pass runs outside it, on the scaled loss; scaler.step skips the update when the gradients hold
-    inf or NaN, and scaler.update adjusts the scale for the next step.
-
-    Introduced in 04-amp.
-    """
-    device = _device(device)
-    inputs, targets = batch
-    inputs = inputs.to(device, non_blocking=True)
-    targets = targets.to(device, non_blocking=True)
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32):
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.item()
+        raise ValueError(f"device={device!r} is not a device torch knows; pass e.g. torch.device('cuda') or "
+                         "'cpu'") from exc
 
 
 def format_table() -> list[dict[str, Any]]:
@@ -200,7 +146,7 @@ def saved_activation_bytes(model: nn.Module, inputs: torch.Tensor, dtype: torch.
 
 @dataclass(frozen=True)
 class StepFigures:
-    """What one training step cost: median milliseconds, activation MiB, and peak MiB (CUDA only, else None).
+    """What one training step cost: milliseconds per step, activation MiB, and peak MiB (CUDA only, else None).
 
     Introduced in 04-amp.
     """
@@ -212,40 +158,39 @@ class StepFigures:
     device: str
 
 
-def measure_step(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, targets: torch.Tensor,
-                 device: torch.device | str, precision: str, *, iters: int = 5, warmup: int = 2) -> StepFigures:
-    """Time amp_train_step for a fresh model_fn() in `precision` ("fp32", "fp16", "bf16"); measure its memory.
+def measure_step(step: Callable[[], Any], model: nn.Module, inputs: torch.Tensor, precision: str, *,
+                 iters: int = 5) -> StepFigures:
+    """Time `step()` (one training step of `model`, e.g. your amp_train_step on a fixed batch) and measure memory.
 
-    Step time comes from course.timing.timed (CUDA events on a GPU, after warm-up); activation memory from
-    saved_activation_bytes; peak memory from torch.cuda.max_memory_allocated on CUDA, counted from a reset made
-    after everything earlier was freed and the GPU had finished (None elsewhere: the CPU allocator keeps no such
-    counter). The peak includes the weights, gradients and batch of this model, which stay fp32 in every precision.
-    Introduced in 04-amp.
+    `inputs` is a batch on the model's device; `precision` ("fp32", "fp16" or "bf16") is the one `step` trains in.
+    Step time: torch.utils.benchmark.Timer.timeit(iters), which makes two untimed warm-up calls first and synchronises
+    the GPU before reading its clock; the figure is the mean per step. Activation memory: saved_activation_bytes.
+    Peak memory: torch.cuda.max_memory_allocated on CUDA, counted from a reset made after everything earlier was
+    freed and the GPU had finished (None elsewhere: the CPU allocator keeps no such counter); it includes the
+    weights, gradients and batch, which stay fp32 in every precision. Introduced in 04-amp.
     """
-    from course.timing import timed
+    from torch.utils.benchmark import Timer
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {sorted(PRECISIONS)}")
-    device, dtype = _device(device), PRECISIONS[precision]
-    model = model_fn().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = make_scaler(device, dtype)
-    batch = (inputs.to(device), targets.to(device))
-    loss_fn = nn.functional.cross_entropy
+    if not callable(step):
+        raise TypeError(f"step must be a function of no arguments (e.g. lambda: amp_train_step(...)), not "
+                        f"{type(step).__name__}")
+    device = inputs.device
     if device.type == "cuda":
         gc.collect()  # the previous measurement's model, if a reference cycle still holds it
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    timing = timed(lambda: amp_train_step(model, batch, optimizer, scaler, loss_fn, device, dtype),
-                   device=device, iters=iters, warmup=warmup)
+    # num_threads: keep the thread count the caller chose (Timer would otherwise time with one thread).
+    timing = Timer(stmt="step()", globals={"step": step}, num_threads=torch.get_num_threads()).timeit(iters)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    activations = saved_activation_bytes(model, batch[0], dtype) / 2**20
-    return StepFigures(precision, int(inputs.shape[0]), timing.median_ms, activations, peak, str(device))
-
+    activations = saved_activation_bytes(model, inputs, PRECISIONS[precision]) / 2**20
+    return StepFigures(precision, int(inputs.shape[0]), 1000 * timing.mean, activations, peak, str(device))
 
 
 def explore(measure: Callable[[str, int], StepFigures], precisions: Sequence[str], batch_sizes: Sequence[int],
-            *, recorded: dict[str, float] | None = None, recorded_label: str = "", interactive: bool | None = None) -> None:
+            *, recorded: dict[str, float] | None = None, recorded_label: str = "",
+            interactive: bool | None = None) -> None:
     """The precision explorer: pick a precision and a batch size, see step time and memory as bar charts.
 
     `measure(precision, batch_size)` returns StepFigures; results are cached, so each setting is measured once and

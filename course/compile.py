@@ -1,10 +1,11 @@
-"""torch.compile: measuring it honestly, falling back safely, and watching what Dynamo captures.
+"""torch.compile: the lesson's example workload, a recording backend and a stand-in compiler for tests.
 
-`compile_report` and `safe_compile` are the reference versions of the functions learners write in 06-compile
-(bench/compile_speed.py uses them). `elementwise_chain` is the lesson's example of code that compiling speeds up,
-`GraphRecorder` is a backend that shows which graphs Dynamo captures (recompilations, graph breaks) without paying
-for Inductor, and `stand_in_compile` replaces `torch.compile` for a test with a fake whose costs are known, so that a
-test can tell compile time from steady-state time in a second instead of a real compile's ten.
+The graded functions of 06-compile (compile_report, safe_compile, fit) are written by the learner and exist only in
+the notebook. `elementwise_chain` (and `ElementwiseChain`, the same as a module) is the lesson's example of code that
+compiling speeds up, `GraphRecorder` is a backend that shows which graphs Dynamo captures (recompilations, graph
+breaks) without paying for Inductor, and `stand_in_compile` replaces `torch.compile` for a test with a fake whose
+costs are known, so that a test can tell compile time from steady-state time in a second instead of a real
+compile's ten.
 
 Introduced in 06-compile.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    "PT2_ANNOUNCEMENT", "elementwise_chain", "max_abs_diff", "compile_report", "safe_compile",
-    "GraphRecorder", "RecordedGraph", "StandInRecord", "stand_in_compile",
+    "PT2_ANNOUNCEMENT", "elementwise_chain", "ElementwiseChain", "GraphRecorder", "RecordedGraph", "StandInRecord",
+    "stand_in_compile",
 ]
 
 # Published GPU figures for the lesson's recorded-figure cells: the PyTorch 2.0 announcement
@@ -47,72 +47,14 @@ def elementwise_chain(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(torch.sin(x) * torch.cos(x) + x.abs().sqrt()).mul(2.0).exp()
 
 
-def _leaves(out: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
+class ElementwiseChain(nn.Module):
+    """`elementwise_chain` as an nn.Module, for functions such as compile_report that take a model.
 
-    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-
-
-def max_abs_diff(a: Any, b: Any) -> float:
-    """The largest |a - b| over every tensor of two outputs of the same structure, in float32, as a float.
-
-    Raises ValueError when the two outputs hold different numbers of tensors. Introduced in 06-compile.
-    """
-    left, right = _leaves(a), _leaves(b)
-    if len(left) != len(right) or not left:
-        raise ValueError(f"cannot compare outputs: {len(left)} tensors against {len(right)}")
-    return max(float((x.detach().float() - y.detach().float()).abs().max()) for x, y in zip(left, right, strict=False))
-
-
-def compile_report(model: Callable[[torch.Tensor], Any], example_input: torch.Tensor, iters: int = 20,
-                   **compile_kwargs: Any) -> dict[str, float]:
-    """Compile `model` once (torch.compile(model, **compile_kwargs)) and compare it with eager on `example_input`.
-
-    Returns compile_s (the synchronised wall time of the first compiled call, which is when compiling happens:
-    torch.compile() itself returns at once), eager_ms and compiled_ms (median steady-state milliseconds per call,
-    after warm-up, from course.timing.timed), speedup (eager_ms / compiled_ms) and max_abs_diff (eager against
-    the first compiled output, compared before any later call: with mode="reduce-overhead" CUDA graphs reuse their
-    output buffers). Runs without gradients. timed's 3 warm-up calls also cover the CUDA-graph recording of
-    "reduce-overhead", whose second call is slow too. Introduced in 06-compile.
-    """
-    from course.timing import sync, timed
-
-    device = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager = timed(lambda: model(example_input), device, iters=iters)
-        compiled = torch.compile(model, **compile_kwargs)  # lazy: nothing is compiled yet
-        sync(device)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        sync(device)
-        compile_s = time.perf_counter() - start
-        diff = max_abs_diff(got, expected)  # now: a later call may overwrite a CUDA graph's output
-        steady = timed(lambda: compiled(example_input), device, iters=iters)
-    return {
-        "compile_s": compile_s,
-        "eager_ms": eager.median_ms,
-        "compiled_ms": steady.median_ms,
-        "speedup": eager.median_ms / steady.median_ms,
-        "max_abs_diff": diff,
-    }
-
-
-def safe_compile(model: nn.Module, example_input: torch.Tensor, **compile_kwargs: Any) -> tuple[Any, bool]:
-    """torch.compile(model, **compile_kwargs) and one call on `example_input`, which is when compiling happens.
-
-    Returns (compiled, True) when that works, and (model, False) with a RuntimeWarning naming the error otherwise,
-    so a missing C++ compiler, an unsupported Python or a Dynamo bug costs speed, never the run.
     Introduced in 06-compile.
     """
-    try:
-        compiled = torch.compile(model, **compile_kwargs)
-        compiled(example_input)
-    except Exception as exc:  # noqa: BLE001 - any failure to compile means: run eagerly, and say why
-        warnings.warn(f"torch.compile failed, running the model eagerly instead: {type(exc).__name__}: {exc}",
-                      RuntimeWarning, stacklevel=2)
-        return model, False
-    return compiled, True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return elementwise_chain(x)
 
 
 @dataclass(frozen=True)

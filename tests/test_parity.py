@@ -82,6 +82,54 @@ def test_parity_plot_draws_both_precisions():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "bf16"]
 
 
+def _bce_gradient(z_values: torch.Tensor, dtype: torch.dtype, fragile: bool) -> torch.Tensor:
+    """d loss / d z for target 0 under CPU autocast, logits in `dtype`: the computation of the notebook's BCE cell."""
+    z = z_values.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=dtype):
+        low = z.to(dtype)
+        target = torch.zeros_like(z)
+        loss = (nn.functional.binary_cross_entropy(torch.sigmoid(low), target, reduction="sum") if fragile
+                else nn.functional.binary_cross_entropy_with_logits(low, target, reduction="sum"))
+    loss.backward()
+    return z.grad
+
+
+def test_saturated_sigmoid_bce_gives_nan_in_fp16_and_zero_in_bf16():
+    """What section 6 teaches: fp16 NaN, bf16 an honest 0, the logits version the true gradient sigmoid(z)."""
+    z = torch.tensor([2.0, 12.0])
+    fp16 = _bce_gradient(z, torch.float16, fragile=True)
+    bf16 = _bce_gradient(z, torch.bfloat16, fragile=True)
+    logits = _bce_gradient(z, torch.float16, fragile=False)
+    assert torch.isfinite(fp16[0]) and torch.isnan(fp16[1])
+    assert torch.isfinite(bf16[0]) and bf16[1] == 0.0
+    torch.testing.assert_close(logits, torch.sigmoid(z), rtol=1e-2, atol=1e-3)
+
+
+def test_saturated_sigmoid_bce_makes_a_grad_scaler_skip_every_fp16_step():
+    z0 = torch.tensor([2.0, 6.0, 12.0])
+    z = z0.clone().requires_grad_()
+    sgd = torch.optim.SGD([z], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    start = scaler.get_scale()
+    for _ in range(3):
+        sgd.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.binary_cross_entropy(torch.sigmoid(z.to(torch.float16)), torch.zeros_like(z),
+                                                      reduction="sum")
+        scaler.scale(loss).backward()
+        scaler.step(sgd)
+        scaler.update()
+    assert torch.equal(z.detach(), z0) and scaler.get_scale() == start / 8
+
+
+def test_the_pasted_step_of_the_solution_is_the_04_solution():
+    """05's "paste your amp_train_step" cell holds, in the instructor's notebook, exactly the 04-amp solution cell."""
+    from tests.mutations import solution_cell
+
+    assert solution_cell("05-parity/parity.ipynb", "amp_train_step") == solution_cell("04-amp/amp.ipynb",
+                                                                                       "amp_train_step")
+
+
 @pytest.mark.roundtrip("05-parity")
 def test_autograde_roundtrip():
     """The solution gets full marks on every graded cell with no errors; the released exercise gets 0 everywhere."""

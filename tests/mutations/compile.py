@@ -1,277 +1,170 @@
 """Mutation catalogue for solutions/06-compile/compile.ipynb: typical learner mistakes and correct variants.
 
-The `fit` variants are the solution cell with one change each (`_fit`), so that each differs from a correct loop in
-exactly the way its name says; `_fit` fails loudly if the solution no longer contains the text it changes.
+Every variant is the solution cell with named replacements (`changed`), so that each differs from the solution in
+exactly the way its name says; whole functions only where a correct variant is another algorithm.
 """
-from pathlib import Path
+from tests.mutations import Variant, changed
 
-from grader.nbtools import grade_id, read
-from tests.mutations import Variant
+NB = "06-compile/compile.ipynb"
 
-_NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "06-compile" / "compile.ipynb"
-_FIT = next(c.source for c in read(_NOTEBOOK).cells if grade_id(c) == "fit")
+
+def _report(*changes: tuple[str, str]) -> str:
+    return changed(NB, "compile_report", *changes)
+
+
+def _safe(*changes: tuple[str, str]) -> str:
+    return changed(NB, "safe_compile", *changes)
 
 
 def _fit(*changes: tuple[str, str]) -> str:
-    source = _FIT
-    for old, new in changes:
-        if old not in source:
-            raise ValueError(f"the fit solution no longer contains {old!r}; update tests/mutations/compile.py")
-        source = source.replace(old, new)
-    return source
+    return changed(NB, "fit", *changes)
 
 
-_REPORT_RETURN = '''
-    return {"compile_s": compile_s, "eager_ms": eager_ms, "compiled_ms": compiled_ms,
-            "speedup": eager_ms / compiled_ms, "max_abs_diff": diff}
-'''
+_FIRST_CALL = """        compiled = torch.compile(model)  # lazy: returns at once, nothing is compiled yet
+        wait()
+        first_call = time.perf_counter()
+        got = compiled(example_input)  # this call captures, generates code and compiles it
+        wait()
+        compile_s = time.perf_counter() - first_call
+"""
+_STEADY = "        compiled_ms = ms_per_call(compiled)  # after the first call: the steady state\n"
+_TIMER = 'return 1000 * Timer(stmt="fn(x)", globals={"fn": fn, "x": example_input}).timeit(iters).mean'
+_WARN = ('warnings.warn(f"torch.compile failed, running the model eagerly: {type(error).__name__}: {error}",\n'
+         "                      RuntimeWarning, stacklevel=2)")
+_AUTO = ('        native_bf16 = device.type == "cpu" or (\n'
+         '            device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))')
+_TRAIN_COPIES = ("            inputs = inputs.to(device, non_blocking=True)\n"
+                 "            targets = targets.to(device, non_blocking=True)\n            optimizer")
 
 VARIANTS = [
     # ---------------------------------------------------------------- compile_report
-    Variant("compile_report", "times_torch_compile_call", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
-        start = time.perf_counter()
+    Variant("compile_report", "times_torch_compile_call", True, _report((_FIRST_CALL, """\
+        first_call = time.perf_counter()
         compiled = torch.compile(model)
-        compile_s = time.perf_counter() - start
-        compiled_ms = timed(lambda: compiled(example_input), dev, iters=iters).median_ms
-        diff = (compiled(example_input) - expected).abs().max().item()
-''' + _REPORT_RETURN, "the classic mistake: timing the lazy torch.compile() call as the compile time"),
-    Variant("compile_report", "first_call_in_the_mean", True, '''
-def compile_report(model, example_input, iters=20):
-    import statistics
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
+        compile_s = time.perf_counter() - first_call
+        got = compiled(example_input)
+""")), "the classic mistake: timing the lazy torch.compile() call as the compile time"),
+    Variant("compile_report", "first_call_in_the_mean", True, _report((_FIRST_CALL, """\
         compiled = torch.compile(model)
         times = []
         for _ in range(iters):
-            sync(dev)
+            wait()
             start = time.perf_counter()
             got = compiled(example_input)
-            sync(dev)
+            wait()
             times.append(time.perf_counter() - start)
         compile_s = times[0]
-        compiled_ms = 1000 * statistics.mean(times)
-        diff = (got - expected).abs().max().item()
-''' + _REPORT_RETURN, "no separate first call and no warm-up: the compile time leaks into compiled_ms through a mean"),
-    Variant("compile_report", "loop_total_over_iters", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
-        start = time.perf_counter()
+"""), (_STEADY, "        compiled_ms = 1000 * sum(times) / len(times)\n")),
+        "no separate first call and no warm-up: the compile time leaks into compiled_ms through a mean"),
+    Variant("compile_report", "loop_total_over_iters", True, _report((_FIRST_CALL, """\
+        first_call = time.perf_counter()
         compiled = torch.compile(model)
-        compile_s = time.perf_counter() - start
+        compile_s = time.perf_counter() - first_call
         start = time.perf_counter()
         for _ in range(iters):
             got = compiled(example_input)
-        sync(dev)
-        compiled_ms = 1000 * (time.perf_counter() - start) / iters
-        diff = (got - expected).abs().max().item()
-''' + _REPORT_RETURN, "both mistakes at once: torch.compile() timed, and the first call inside the timed loop"),
-    Variant("compile_report", "speedup_inverted", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
-        compiled = torch.compile(model)
-        sync(dev)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        sync(dev)
-        compile_s = time.perf_counter() - start
-        compiled_ms = timed(lambda: compiled(example_input), dev, iters=iters).median_ms
-        diff = (got - expected).abs().max().item()
-    return {"compile_s": compile_s, "eager_ms": eager_ms, "compiled_ms": compiled_ms,
-            "speedup": compiled_ms / eager_ms, "max_abs_diff": diff}
-''', "speedup as compiled / eager: a slower compiled model would look faster"),
-    Variant("compile_report", "mean_abs_diff", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
-        compiled = torch.compile(model)
-        sync(dev)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        sync(dev)
-        compile_s = time.perf_counter() - start
-        compiled_ms = timed(lambda: compiled(example_input), dev, iters=iters).median_ms
-        diff = (got - expected).abs().mean().item()
-''' + _REPORT_RETURN, "the mean difference hides the one output that is far off"),
-    Variant("compile_report", "compares_compiled_with_itself", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
-        compiled = torch.compile(model)
-        sync(dev)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        sync(dev)
-        compile_s = time.perf_counter() - start
-        compiled_ms = timed(lambda: compiled(example_input), dev, iters=iters).median_ms
-        diff = (compiled(example_input) - got).abs().max().item()
-''' + _REPORT_RETURN, "checks the compiled model against itself instead of against eager"),
-    Variant("compile_report", "seconds_not_ms", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms / 1000
-        compiled = torch.compile(model)
-        sync(dev)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        sync(dev)
-        compile_s = time.perf_counter() - start
-        compiled_ms = timed(lambda: compiled(example_input), dev, iters=iters).median_ms / 1000
-        diff = (got - expected).abs().max().item()
-''' + _REPORT_RETURN, "eager_ms and compiled_ms in seconds"),
-    Variant("compile_report", "first_call_not_synchronised", True, '''
-def compile_report(model, example_input, iters=20):
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = timed(lambda: model(example_input), dev, iters=iters).median_ms
-        compiled = torch.compile(model)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        compile_s = time.perf_counter() - start
-        compiled_ms = timed(lambda: compiled(example_input), dev, iters=iters).median_ms
-        diff = (got - expected).abs().max().item()
-''' + _REPORT_RETURN, "stops the compile clock while the GPU still runs the first call"),
-    Variant("compile_report", "steady_state_unsynchronised", True, '''
-def compile_report(model, example_input, iters=20):
-    import statistics
+        wait()
+        loop_ms = 1000 * (time.perf_counter() - start) / iters
+"""), (_STEADY, "        compiled_ms = loop_ms\n")),
+        "both mistakes at once: torch.compile() timed, and the first call inside the timed loop"),
+    Variant("compile_report", "speedup_inverted", True, _report(
+        ('"speedup": eager_ms / compiled_ms', '"speedup": compiled_ms / eager_ms')),
+        "speedup as compiled / eager: a slower compiled model would look faster"),
+    Variant("compile_report", "mean_abs_diff", True, _report((".abs().max().item()", ".abs().mean().item()")),
+            "the mean difference hides the one output that is far off"),
+    Variant("compile_report", "compares_compiled_with_itself", True, _report(
+        ("diff = (got.float() - expected.float())", "diff = (compiled(example_input).float() - got.float())")),
+        "checks the compiled model against itself instead of against eager"),
+    Variant("compile_report", "seconds_not_ms", True, _report(("return 1000 * Timer(", "return Timer(")),
+            "eager_ms and compiled_ms in seconds"),
+    Variant("compile_report", "first_call_not_synchronised", True, _report(
+        ("        wait()\n        first_call", "        first_call"),
+        ("        wait()\n        compile_s", "        compile_s")),
+        "stops the compile clock while the GPU still runs the first call"),
+    Variant("compile_report", "steady_state_unsynchronised", True, _report((_TIMER, """\
+import statistics
 
-    def median_ms(fn):
         for _ in range(3):
-            fn()
+            fn(example_input)
         samples = []
         for _ in range(iters):
             t0 = time.perf_counter()
-            fn()
-            samples.append(1000 * (time.perf_counter() - t0))
-        return statistics.median(samples)
-
-    dev = example_input.device
-    with torch.no_grad():
-        expected = model(example_input)
-        eager_ms = median_ms(lambda: model(example_input))
-        compiled = torch.compile(model)
-        sync(dev)
-        start = time.perf_counter()
-        got = compiled(example_input)
-        sync(dev)
-        compile_s = time.perf_counter() - start
-        compiled_ms = median_ms(lambda: compiled(example_input))
-        diff = (got - expected).abs().max().item()
-''' + _REPORT_RETURN, "times calls with perf_counter and no sync: on a GPU that measures kernel launches"),
+            fn(example_input)
+            samples.append(time.perf_counter() - t0)
+        return 1000 * statistics.median(samples)""")),
+        "times calls with perf_counter and no sync: on a GPU that measures kernel launches"),
+    Variant("compile_report", "diff_as_tensor", True, _report((".abs().max().item()", ".abs().max()")),
+            "max_abs_diff left as a 0-d tensor, not a Python float"),
+    Variant("compile_report", "eval_mode_first", False, _report(
+        ("    dev = example_input.device\n",
+         "    dev = example_input.device\n    model.eval()  # inference mode for dropout and batch norm\n")),
+        "model.eval() before measuring inference: good practice, and fine for the nn.Module the docstring promises"),
+    Variant("compile_report", "blocked_autorange_median", False, _report(
+        ("timeit(iters).mean", "blocked_autorange(min_run_time=0.05).median")),
+        "Timer.blocked_autorange and its median: another honest steady-state figure"),
     Variant("compile_report", "manual_timing_compile_first", False, '''
 def compile_report(model, example_input, iters=20):
     import statistics
+
+    def sync():
+        if example_input.device.type == "cuda":
+            torch.cuda.synchronize(example_input.device)
 
     def median_ms(fn, warmup=3):
         for _ in range(warmup):
             fn()
         samples = []
         for _ in range(iters):
-            sync(example_input.device)
+            sync()
             t0 = time.perf_counter()
             fn()
-            sync(example_input.device)
+            sync()
             samples.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(samples)
 
     with torch.inference_mode():
         compiled = torch.compile(model)
-        sync(example_input.device)
+        sync()
         t0 = time.perf_counter()
         out_c = compiled(example_input)
-        sync(example_input.device)
+        sync()
         compile_s = time.perf_counter() - t0
         out_e = model(example_input)
+        diff = float(torch.max(torch.abs(out_c.double() - out_e.double())))
         compiled_ms = median_ms(lambda: compiled(example_input))
         eager_ms = median_ms(lambda: model(example_input))
     return dict(compile_s=compile_s, eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=eager_ms / compiled_ms,
-                max_abs_diff=float(torch.max(torch.abs(out_c.double() - out_e.double()))))
-''', "compiles before timing eager, times by hand with warm-up and a median, inference_mode: all fine"),
+                max_abs_diff=diff)
+''', "compiles before timing eager, times by hand with sync, warm-up and a median, inference_mode: all fine"),
 
     # ---------------------------------------------------------------- safe_compile
-    Variant("safe_compile", "no_fallback", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    compiled = torch.compile(model, **compile_kwargs)
-    compiled(example_input)
-    return compiled, True
-''', "no try/except: a missing compiler kills the run"),
-    Variant("safe_compile", "first_call_not_tried", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    try:
-        compiled = torch.compile(model, **compile_kwargs)
-    except Exception as exc:
-        warnings.warn(f"torch.compile failed: {exc}")
-        return model, False
-    return compiled, True
-''', "forgets that compilation is lazy: the failure comes at the first call, outside the try"),
-    Variant("safe_compile", "print_instead_of_warning", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    try:
-        compiled = torch.compile(model, **compile_kwargs)
-        compiled(example_input)
-    except Exception as exc:
-        print(f"torch.compile failed: {exc}")
-        return model, False
-    return compiled, True
-''', "prints instead of warning, so logs and filters never see it"),
-    Variant("safe_compile", "warning_without_reason", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    try:
-        compiled = torch.compile(model, **compile_kwargs)
-        compiled(example_input)
-    except Exception:
-        warnings.warn("torch.compile failed, running eagerly")
-        return model, False
-    return compiled, True
-''', "warns, but not why"),
-    Variant("safe_compile", "compile_call_outside_try", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    compiled = torch.compile(model, **compile_kwargs)
-    try:
-        compiled(example_input)
-    except Exception as exc:
-        warnings.warn(f"torch.compile failed: {exc}")
-        return model, False
-    return compiled, True
-''', "a torch.compile() that raises at once (an unsupported Python) is not caught"),
-    Variant("safe_compile", "in_place_compile", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    try:
-        model.compile(**compile_kwargs)
-        model(example_input)
-    except Exception as exc:
-        warnings.warn(f"compile failed: {exc}")
-        return model, False
-    return model, True
-''', "nn.Module.compile() works in place, so the 'eager' model returned after a failure is still broken"),
-    Variant("safe_compile", "kwargs_dropped", True, '''
-def safe_compile(model, example_input, **compile_kwargs):
-    try:
-        compiled = torch.compile(model)
-        compiled(example_input)
-    except Exception as exc:
-        warnings.warn(f"torch.compile failed: {exc}")
-        return model, False
-    return compiled, True
-''', "mode= and the other options never reach torch.compile"),
+    Variant("safe_compile", "no_fallback", True, _safe(
+        ("    try:\n", "    if True:\n"),
+        ("    except Exception as error:  # whatever went wrong, the model still runs eagerly\n", "    if False:\n")),
+        "no try/except: a missing compiler kills the run"),
+    Variant("safe_compile", "first_call_not_tried", True, _safe(
+        ("        compiled(example_input)  # compilation is lazy: only this call shows whether it works\n", "")),
+        "forgets that compilation is lazy: the failure comes at the first call, which never happens here"),
+    Variant("safe_compile", "print_instead_of_warning", True, _safe(
+        (_WARN, 'print(f"torch.compile failed, running the model eagerly: {type(error).__name__}: {error}")')),
+        "prints instead of warning, so logs and filters never see it"),
+    Variant("safe_compile", "warning_without_reason", True, _safe((': {type(error).__name__}: {error}"', '"')),
+            "warns, but not why"),
+    Variant("safe_compile", "compile_call_outside_try", True, _safe(
+        ("    try:\n        compiled = torch.compile(model, **compile_kwargs)\n",
+         "    compiled = torch.compile(model, **compile_kwargs)\n    try:\n")),
+        "a torch.compile() that raises at once (an unsupported Python) is not caught"),
+    Variant("safe_compile", "in_place_compile", True, _safe(
+        ("        compiled = torch.compile(model, **compile_kwargs)\n",
+         "        model.compile(**compile_kwargs)\n        compiled = model\n")),
+        "nn.Module.compile() works in place, so the 'eager' model returned after a failure is still broken"),
+    Variant("safe_compile", "kwargs_dropped", True, _safe(
+        ("compiled = torch.compile(model, **compile_kwargs)", "compiled = torch.compile(model)")),
+            "mode= and the other options never reach torch.compile"),
+    Variant("safe_compile", "first_call_without_gradients", False, _safe(
+        ("        compiled(example_input)  #",
+         "        with torch.no_grad():\n            compiled(example_input)  #")),
+        "tries the first call under no_grad: still a correct check that compiling works"),
     Variant("safe_compile", "reset_and_user_warning", False, '''
 def safe_compile(model, example_input, **compile_kwargs):
     compiled = None
@@ -291,104 +184,117 @@ def safe_compile(model, example_input, **compile_kwargs):
 
     # ---------------------------------------------------------------- fit
     Variant("fit", "scaler_always_on", True, _fit(
-        ("scaler = make_scaler(device, dtype)", "scaler = torch.amp.GradScaler(device.type)"),
-    ), "a GradScaler enabled for bf16 and fp32 too"),
+        ("enabled=dtype == torch.float16)  # loss scaling for fp16 only", "enabled=True)")),
+        "a GradScaler enabled for bf16 and fp32 too"),
     Variant("fit", "no_scaler", True, _fit(
         ("scaler.scale(loss).backward()\n            scaler.step(optimizer)\n            scaler.update()",
-         "loss.backward()\n            optimizer.step()"),
-    ), "fp16 without a GradScaler: small gradients underflow to zero"),
+         "loss.backward()\n            optimizer.step()")),
+        "fp16 without a GradScaler: small gradients underflow to zero"),
     Variant("fit", "auto_means_fp32", True, _fit(
-        ("dtype = amp_dtype(device)", "dtype = torch.float32"),
-    ), "precision='auto' ignores amp_dtype and trains in fp32"),
-    Variant("fit", "accuracy_as_fraction", True, _fit(
-        ("100.0 * correct.item() / total", "correct.item() / total"),
-    ), "validation accuracy as a fraction, not percent"),
+        ("        dtype = torch.bfloat16 if native_bf16 else torch.float16", "        dtype = torch.float32")),
+        "precision='auto' ignores the hardware rule and trains in fp32"),
+    Variant("fit", "bf16_if_supported", True, _fit(
+        (_AUTO, '        native_bf16 = device.type == "cpu" or torch.cuda.is_bf16_supported()')),
+        "trusts torch.cuda.is_bf16_supported(), which says True on a T4 (emulated bf16)"),
+    Variant("fit", "accuracy_as_fraction", True, _fit(("100.0 * correct.item() / total", "correct.item() / total")),
+            "validation accuracy as a fraction, not percent"),
+    Variant("fit", "loss_as_tensor", True, _fit(("loss_sum.item() / seen", "loss_sum / seen")),
+            "the epoch's loss stored as a tensor, not a Python float"),
     Variant("fit", "last_epoch_only", True, _fit(
         ("    return history\n", "    return {key: value[-1:] if isinstance(value, list) else value\n"
-                                   "            for key, value in history.items()}\n"),
-    ), "keeps only the last epoch's figures"),
-    Variant("fit", "batches_per_second", True, _fit(
-        ("seen / elapsed", "len(train_loader) / elapsed"),
-    ), "counts batches, not samples"),
-    Variant("fit", "no_optimizer_step", True, _fit(
-        ("            scaler.step(optimizer)\n", ""),
-    ), "backward without a step: nothing learns"),
-    Variant("fit", "no_eval_mode", True, _fit(
-        ("        model.eval()\n", ""),
-    ), "validates in train mode (dropout and batch norm would misbehave)"),
+                                   "            for key, value in history.items()}\n")),
+        "keeps only the last epoch's figures"),
+    Variant("fit", "batches_per_second", True, _fit(("seen / elapsed", "len(train_loader) / elapsed")),
+            "counts batches, not samples"),
+    Variant("fit", "no_optimizer_step", True, _fit(("            scaler.step(optimizer)\n", "")),
+            "backward without a step: nothing learns"),
+    Variant("fit", "no_eval_mode", True, _fit(("        model.eval()\n", "")),
+            "validates in train mode (dropout and batch norm would misbehave)"),
     Variant("fit", "no_train_mode_after_eval", True, _fit(
-        ("        model.train()\n        loss_sum", "        loss_sum"),
-    ), "model.train() only once, so every epoch after the first trains in eval mode"),
-    Variant("fit", "compile_flag_ignored", True, _fit(
-        ("    if compile:\n", "    if False:\n"),
-    ), "compile=True does nothing"),
+        ("        model.train()\n        loss_sum", "        loss_sum")),
+            "model.train() only once, so every epoch after the first trains in eval mode"),
+    Variant("fit", "compile_flag_ignored", True, _fit(("    if compile:\n", "    if False:\n")),
+            "compile=True does nothing"),
     Variant("fit", "compile_without_fallback", True, _fit(
         ("runner, compiled = safe_compile(model, example_inputs)",
-         "runner, compiled = torch.compile(model), True\n            runner(example_inputs)"),
-    ), "torch.compile directly: a failing compile crashes training"),
+         "runner, compiled = torch.compile(model), True\n            runner(example_inputs)")),
+        "torch.compile directly: a failing compile crashes training"),
     Variant("fit", "compile_every_epoch", True, _fit(
         ("    for epoch in range(epochs):\n        model.train()\n",
-         "    for epoch in range(epochs):\n        model.train()\n"
-         "        if compile:\n            runner, compiled = safe_compile(model, to_device(next(iter(train_loader)), device)[0])\n"),
-    ), "compiles again every epoch"),
+         "    for epoch in range(epochs):\n        model.train()\n        if compile:\n"
+         "            runner, compiled = safe_compile(model, next(iter(train_loader))[0].to(device))\n")),
+        "compiles again every epoch"),
     Variant("fit", "blocking_copies", True, _fit(
-        ("            inputs, targets = to_device(batch, device)\n            optimizer",
-         "            inputs, targets = batch[0].to(device), batch[1].to(device)\n            optimizer"),
-    ), "batches copied without non_blocking, so the host waits for every copy"),
-    Variant("fit", "bf16_if_supported", True, _fit(
-        ("dtype = amp_dtype(device)",
-         "dtype = torch.float16 if device.type == 'cuda' and not torch.cuda.is_bf16_supported() else torch.bfloat16"),
-    ), "trusts torch.cuda.is_bf16_supported(), which says True on a T4 (emulated bf16)"),
+        (_TRAIN_COPIES,
+         "            inputs = inputs.to(device)\n            targets = targets.to(device)\n            optimizer")),
+        "batches copied without non_blocking, so the host waits for every copy"),
     Variant("fit", "clock_not_synchronised", True, _fit(
-        ("        sync(device)\n        elapsed", "        elapsed"),
-    ), "no sync before stopping the epoch's clock: the work still queued on the GPU is not counted"),
+        ("        finish_gpu_work()\n        elapsed", "        elapsed")),
+            "no sync before stopping the epoch's clock: the work still queued on the GPU is not counted"),
     Variant("fit", "autocast_cuda_hardcoded", True, _fit(
         ("            with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n                loss",
-         "            with torch.autocast(\"cuda\", dtype=dtype, enabled=use_autocast):\n                loss"),
-    ), "autocast(\"cuda\") whatever the device: on a CPU it does nothing, so precision is silently fp32"),
+         '            with torch.autocast("cuda", dtype=dtype, enabled=use_autocast):\n                loss')),
+        'autocast("cuda") whatever the device: on a CPU it does nothing, so precision is silently fp32'),
     Variant("fit", "item_every_step", False, _fit(
         ("loss_sum, seen = torch.zeros((), device=device), 0", "loss_sum, seen = 0.0, 0"),
         ("loss_sum += loss.detach().float() * targets.shape[0]", "loss_sum += loss.item() * targets.shape[0]"),
-        ("loss_sum.item() / seen", "loss_sum / seen"),
-    ), "loss.item() every step: the host waits for the GPU at each step, slower but correct"),
-    Variant("fit", "via_amp_train_step", False, '''
+        ("loss_sum.item() / seen", "loss_sum / seen")),
+        "loss.item() every step: the host waits for the GPU at each step, slower but correct"),
+    Variant("fit", "autocast_without_enabled", False, _fit(
+        ("            with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n                loss",
+         "            with torch.autocast(device.type, dtype=dtype):\n                loss")),
+        "autocast(dtype=float32) on a CPU warns 'Disabling autocast' and trains fp32: correct, and the warning must "
+        "not cost points"),
+    Variant("fit", "own_step_function", False, '''
 def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", compile=False):
-    from course.amp import amp_train_step
-
     device = torch.device(device)
-    names = {"auto": amp_dtype(device), **PRECISIONS}
-    if precision not in names:
-        raise ValueError(f"unknown precision {precision!r}; choose from {sorted(names)}")
-    dtype = names[precision]
+    if precision == "auto":
+        big = device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 8
+        precision = "bf16" if device.type == "cpu" or big else "fp16"
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose auto, fp32, fp16 or bf16")
+    dtype = PRECISIONS[precision]
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    scaler = make_scaler(device, dtype)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    on_gpu = device.type == "cuda"
     net = model
     if compile:
-        first = to_device(next(iter(train_loader)), device)
+        first = next(iter(train_loader))[0].to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not torch.float32):
-            net, _ = safe_compile(model, first[0])
+            net, _ = safe_compile(model, first)
+
+    def step(inputs, targets):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not torch.float32):
+            loss = nn.functional.cross_entropy(net(inputs), targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach() * len(targets)
+
     out = {"train_loss": [], "val_accuracy": [], "samples_per_s": []}
     for epoch in range(epochs):
         model.train()
-        losses, count = [], 0
-        sync(device)
+        total, count = [], 0
+        if on_gpu:
+            torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         for inputs, targets in tqdm(train_loader, desc=f"epoch {epoch + 1}"):
-            losses.append(amp_train_step(net, (inputs, targets), optimizer, scaler, nn.functional.cross_entropy,
-                                         device, dtype) * len(targets))
+            total.append(step(inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)))
             count += len(targets)
-        sync(device)
+        if on_gpu:
+            torch.cuda.synchronize(device)
         out["samples_per_s"].append(count / (time.perf_counter() - t0))
-        out["train_loss"].append(sum(losses) / count)
+        out["train_loss"].append(float(torch.stack(total).sum()) / count)
         model.eval()
         hits = seen = 0
         with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not torch.float32):
             for inputs, targets in val_loader:
-                inputs, targets = to_device((inputs, targets), device)
+                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 hits += int((net(inputs).argmax(1) == targets).sum())
                 seen += len(targets)
         out["val_accuracy"].append(hits * 100 / seen)
     return out
-''', "reuses the library's amp_train_step for each step, inference_mode for validation: all fine"),
+''', "a step function of its own, device properties, inference_mode for validation: all fine"),
 ]
