@@ -32,6 +32,8 @@ def _toml_list(items: list[str], indent: str = "    ") -> str:
 
 def pyproject(url: str) -> str:
     project = _project()
+    # packaging tools take http(s) URLs only here; a file:// or ssh:// edition (a test, a private mirror) has none
+    urls = f'[project.urls]\nRepository = "{url}"\n\n' if url.startswith(("https://", "http://")) else ""
     lab = [r for r in project["optional-dependencies"]["dev"] if _name(r) in LAB_PACKAGES]
     return f'''[build-system]
 requires = ["setuptools>=64"]
@@ -51,10 +53,7 @@ dependencies = {_toml_list(project["dependencies"])}
 # `make lab`: JupyterLab to open the notebooks with.
 lab = {_toml_list(lab)}
 
-[project.urls]
-Repository = "{url}"
-
-[tool.setuptools]
+{urls}[tool.setuptools]
 packages = ["course"]
 '''
 
