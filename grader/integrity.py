@@ -463,6 +463,10 @@ class Guard:
             if obj is not None and hasattr(obj, "__dict__"):
                 self._objects.append(_ObjectSnap(obj, label, names))
         self._showtraceback = type(shell)._showtraceback     # the class's own, as imported
+        try:                            # before notebook code runs: stdlib modules it could patch are still intact
+            importlib.import_module("course.ownership")
+        except Exception as exc:
+            self._flag(f"could not import course.ownership: {type(exc).__name__}: {exc}")
         self._armed = True
         self._send("ready")
 
@@ -610,11 +614,11 @@ class Guard:
         names = self._graded.get(hashlib.sha256(source.encode()).hexdigest())
         if not names or self._shell is None:
             return None
-        try:
-            ownership = sys.modules.get("course.ownership") or importlib.import_module("course.ownership")
-        except Exception as exc:        # no course library: nothing to judge with; say so in the log
-            self._flag(f"could not check graded names: {type(exc).__name__}: {exc}")
+        snap = self._modules.get("course.ownership")       # imported at attach(), restored by verify()
+        if snap is None:
+            self._flag("could not check graded names: course.ownership is not loaded")
             return None
+        ownership = snap.module
         reasons = []
         for name in names:
             value = self._shell.user_ns.get(name, _MISSING)
