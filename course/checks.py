@@ -89,10 +89,17 @@ def check(condition: bool, what: str, hint: str) -> None:
     """
     __tracebackhide__ = True
     truth = _as_bool(condition)
-    if truth is None:
+    if truth is None and _truthy(condition):
         _fail(f"{what} (the check got a {type_name(type(condition))} where True or False belongs)", hint)
     if not truth:
         _fail(what, hint)
+
+
+def _truthy(x: Any) -> bool:
+    try:
+        return bool(x)
+    except Exception:  # noqa: BLE001 - an object that cannot say is not True either
+        return True
 
 
 def _as_bool(x: Any) -> bool | None:

@@ -244,6 +244,8 @@ def test_check_wants_a_bool(capsys):
     _failure(check, np.bool_(False), "false is false", "", capsys=capsys)
     message = _failure(check, [0], "a non-empty list is not True", "", capsys=capsys)
     assert "got a list where True or False belongs" in message
+    assert _failure(check, [], "nothing was recorded", "record it", capsys=capsys) == (
+        "✗ nothing was recorded. Fix: record it")
 
 
 def test_type_names_are_written_as_the_learner_writes_them():
@@ -314,3 +316,49 @@ def test_ipython_shows_the_learners_line_and_the_message_not_the_helpers(capsys)
     assert "✗ pick_device(): expected 'cpu', got torch.device('cpu')" in text
     assert "skipping hidden" in text and text.count("checks.py") <= 1, text
     assert "_difference" not in text and "def expect_equal" not in text
+
+
+OWNERSHIP_CELL = """
+import functools, json
+import torch
+def mine(x):
+    return json.dumps(x)
+lam = lambda x: json.dumps(x)
+@functools.wraps(json.dumps)
+def wraps_a_helper(*a):
+    return json.dumps(*a)
+partial_of_mine = functools.partial(mine, 1)
+no_grad_mine = torch.no_grad()(mine)
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return x
+class Empty:
+    pass
+class Step:
+    def __call__(self):
+        return 1
+step = Step()
+method = Net().forward
+imported = json.dumps
+partial_of_import = functools.partial(json.dumps, indent=2)
+no_grad_import = torch.no_grad()(json.dumps)
+instance_of_import = json.JSONEncoder()
+builtin = len
+builtin_class = str
+class Subclass(json.JSONEncoder):
+    pass
+"""
+
+
+@pytest.mark.parametrize(("name", "where"), [
+    ("mine", None), ("lam", None), ("wraps_a_helper", None), ("partial_of_mine", None), ("no_grad_mine", None),
+    ("Net", None), ("Empty", None), ("step", None), ("method", None),
+    ("imported", "json"), ("partial_of_import", "json"), ("no_grad_import", "json"),
+    ("instance_of_import", "json.encoder"), ("builtin", "the built-ins"), ("builtin_class", "the built-ins"),
+    ("Subclass", "json.encoder.JSONEncoder, subclassed without code of its own"),
+])
+def test_ownership_looks_through_wrappers_to_where_the_code_was_written(name, where):
+    """Code written in a cell is the learner's, wrapped or not; an import stays an import behind any wrapper."""
+    from course.ownership import origin
+
+    assert origin(_notebook(OWNERSHIP_CELL)[name]) == where
