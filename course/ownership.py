@@ -1,7 +1,8 @@
 """Whether a graded name holds the learner's own code, or an object imported from somewhere else.
 
-Introduced in 01-device, through `course.checks.own` (the visible check). The grader's in-kernel guard
-(grader/integrity.py) asks the same question, with `why_not_own`, before each test cell.
+Not taught in a lesson: it backs `course.checks.own` (a visible check test cells can call) and the grader's
+in-kernel guard (grader/integrity.py), which asks `why_not_own` before each test cell of every notebook from
+01-device on.
 
 A function is the learner's own when its code was compiled from a notebook cell (IPython's `<ipython-input-...>`,
 ipykernel's `.../ipykernel_<pid>/<hash>.py`, or any `<...>` name such as exec's `<string>`), not read from a module
