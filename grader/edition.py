@@ -109,9 +109,9 @@ GITIGNORE = ".venv/\n__pycache__/\n*.pyc\n.ipynb_checkpoints/\n*.egg-info/\n/dat
 def readme(url: str, course_section: str, github: bool) -> str:
     folder = url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
     issues = f"{url}/issues" if github else url
-    colab_how = (f"open a notebook from [exercises/]({url}/tree/main/exercises) and click the **Open In Colab** badge "
-                 "at its top" if github else "download a notebook from `exercises/` and open it on Colab (File → "
-                 "Upload notebook)")
+    colab_how = ("click the **Open In Colab** badge at the top of a notebook in\n"
+                 f"[exercises/]({url}/tree/main/exercises)" if github else
+                 "download a notebook from `exercises/` and open it on Colab\n(File → Upload notebook)")
     return f"""# Training neural networks on GPUs with PyTorch
 
 Six graded Jupyter notebooks and a small helper library (`course`). They run on a laptop without a GPU, on Colab
@@ -120,9 +120,10 @@ the notebooks to work in are in `exercises/`.
 
 ## On Colab
 
-Choose a GPU (Runtime → Change runtime type → T4 GPU), then {colab_how}. The notebook's first cell installs the
-course library from {url} next to Colab's own torch (`pip install --no-deps`): it never reinstalls torch, and it
-does nothing anywhere else. Save your work to Drive or download it (File → Download .ipynb): Colab forgets it.
+Choose a GPU (Runtime → Change runtime type → T4 GPU), then {colab_how}. The first cell of every notebook
+installs the course library next to Colab's own torch (`pip install --no-deps` from {url}): it never reinstalls
+torch, and it does nothing anywhere else. Colab forgets your work: save it to Drive or download it
+(File → Download .ipynb).
 
 ## On your laptop
 
@@ -138,11 +139,10 @@ gpu-course`, `jupyter lab`.
 
 ## How the exercises work
 
-Each notebook teaches first, then asks you to write a few functions: replace `raise NotImplementedError()` with
-your code. The check under each exercise says what is wrong and how to fix it ("✗ what. Fix: how"). Your
-instructor's grader runs more tests than the ones you see, and grades only code written in the notebook: a graded
-function that is imported from somewhere else scores 0 (calling library helpers inside your own function is
-fine).
+Replace each `raise NotImplementedError()` with your code. The check under an exercise says what is wrong and how
+to fix it ("✗ what. Fix: how"). Your instructor's grader runs more tests than the ones you see, and grades only
+code written in the notebook: a graded function that is imported from somewhere else scores 0 (calling library
+helpers inside your own function is fine).
 
 {course_section}
 ## Where to ask

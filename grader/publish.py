@@ -107,10 +107,14 @@ def _learner_files(url: str) -> dict[str, str]:
 
 
 def _readme_course_section() -> str:
-    """The instructor README's "## The course" section (the module table), which learners need too."""
+    """The module table of the instructor README's "## The course" section, and its paragraphs that concern
+    learners (not the one about bench/, which the learner edition does not have)."""
     text = (ROOT / "README.md").read_text()
     match = re.search(r"^## The course\n.*?(?=^## )", text, re.S | re.M)
-    return match.group(0).strip() + "\n" if match else ""
+    if not match:
+        return ""
+    blocks = [b for b in match.group(0).strip().split("\n\n") if "bench/" not in b]
+    return "\n\n".join(blocks) + "\n"
 
 
 def verify(tree: Path, url: str, names: list[str], solutions: Path = SOLUTIONS,
