@@ -42,7 +42,9 @@ lint: install
 test-gpu: install sandbox
 	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
 
+# The repository URL of pyproject.toml goes into the notebooks first, then nbgrader makes exercises/ from them.
 release: install
+	$(PY) -m grader stamp
 	$(PY) -m grader release
 
 check: install

@@ -20,6 +20,7 @@ _SUBMODULES = (
     "data",
     "env",
     "models",
+    "ownership",
     "parity",
     "plots",
     "simgpu",

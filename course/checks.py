@@ -1,9 +1,15 @@
 """Self-check helpers for the notebooks' test cells.
 
-Used by every notebook. Each helper prints what it expected and what came back, then raises
-AssertionError with the same text, so the message shows up both in the notebook and in nbgrader's
-feedback. Nothing here needs nbgrader or IPython, and torch and numpy are only touched when the
-values being compared are tensors or arrays, so the checks also run on Colab and in plain Python.
+Used by every notebook. A failed check raises AssertionError("✗ what. Fix: how"): one line that says what
+was expected, what came back and what to change. The helpers' own frames are hidden from the traceback
+(`__tracebackhide__`, honoured by IPython and pytest), so the learner sees their call and that line.
+
+Values are compared only when they have the expected type: a dtype with a dtype, a bool with a bool, a tuple
+with a tuple (an object whose == says True to everything earns nothing). Types are named as the learner writes
+them (`torch.device`, not `device`). `own` checks that a graded name holds the learner's own code (the grader
+checks the same), and `written` turns the NotImplementedError of an unwritten exercise into a ✗ line.
+Nothing here needs nbgrader or IPython, and torch and numpy are only touched when the values being compared
+are tensors or arrays, so the checks also run on Colab and in plain Python.
 """
 
 from __future__ import annotations
@@ -12,9 +18,13 @@ import math
 import numbers
 import sys
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
-__all__ = ["check", "expect_equal", "expect_close", "expect_raises", "expect_type", "passed"]
+from course.ownership import is_cell_file, why_not_own
+
+__all__ = ["check", "expect_equal", "expect_close", "expect_raises", "expect_type", "own", "passed", "type_name",
+           "written"]
 
 _MAX_REPR = 300
 
@@ -39,29 +49,90 @@ def _show(x: Any) -> str:
             except Exception:  # noqa: BLE001 - a value we cannot read is still worth naming
                 return head
         return head
+    torch = sys.modules.get("torch")
+    if torch is not None and type(x) is torch.device:
+        return f"torch.device({str(x)!r})"
     if _is_ndarray(x):
         head = f"array of shape {x.shape}, dtype {x.dtype}"
         return f"{head}: {x.tolist()}" if x.size <= 12 else head
-    text = repr(x)
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a learner's object whose repr fails is still worth naming
+        text = f"<a {type_name(type(x))} that cannot be shown>"
     return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
 
 
-def _fail(message: str, hint: str) -> None:
+def _fail(message: str, hint: str, *, quiet_cause: bool = False) -> None:
+    __tracebackhide__ = True
     text = f"✗ {message.rstrip('.')}."
     if hint:
         text += f" Fix: {hint}"
-    print(text)
-    raise AssertionError(text)
+    if quiet_cause:
+        _raise_alone(text)
+    _raise(text)
+
+
+def _raise(text: str) -> None:
+    raise AssertionError(text)  # a check failed: the ✗ line below says what is wrong and how to fix it
+
+
+def _raise_alone(text: str) -> None:
+    raise AssertionError(text) from None  # the ✗ line below says it all: the error behind it is not repeated
 
 
 def check(condition: bool, what: str, hint: str) -> None:
     """Fail with "✗ {what}. Fix: {hint}" unless `condition` holds.
 
-    `what` says what is wrong as the learner would see it; `hint` what to change.
-    Used by every notebook.
+    `what` says what is wrong as the learner would see it; `hint` what to change. `condition` must be a bool
+    (numpy's bool and a one-element bool tensor count): any other object fails, whatever its truth value, so that a
+    learner's object whose == answers with something truthy passes nothing. Used by every notebook.
     """
-    if not condition:
+    __tracebackhide__ = True
+    truth = _as_bool(condition)
+    if truth is None and _truthy(condition):
+        _fail(f"{what} (the check got a {type_name(type(condition))} where True or False belongs)", hint)
+    if not truth:
         _fail(what, hint)
+
+
+def _truthy(x: Any) -> bool:
+    try:
+        return bool(x)
+    except Exception:  # noqa: BLE001 - an object that cannot say is not True either
+        return True
+
+
+def _as_bool(x: Any) -> bool | None:
+    if type(x) is bool:
+        return x
+    np = sys.modules.get("numpy")
+    if np is not None and type(x) is np.bool_:
+        return bool(x)
+    torch = sys.modules.get("torch")
+    if torch is not None and type(x) is torch.Tensor and x.dtype is torch.bool and x.numel() == 1 \
+            and x.device.type != "meta":
+        return bool(x.item())
+    return None
+
+
+def type_name(kind: type) -> str:
+    """A type as the learner writes it: `torch.device`, `torch.amp.GradScaler`, `numpy.float64`, `int`, `MyNet`."""
+    module = getattr(kind, "__module__", None) or ""
+    name = getattr(kind, "__qualname__", None) or getattr(kind, "__name__", "?")
+    if module in ("builtins", "__main__", ""):
+        return name
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):  # the shortest public path that reaches the same object
+        prefix = ".".join(parts[:i])
+        if getattr(sys.modules.get(prefix), name, None) is kind and not any(p.startswith("_") for p in parts[:i]):
+            return f"{prefix}.{name}"
+    return f"{module}.{name}"
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    if isinstance(types, tuple):
+        return " or ".join(type_name(t) for t in types)
+    return type_name(types)
 
 
 def _tensor_difference(actual: Any, expected: Any) -> str | None:
@@ -71,7 +142,7 @@ def _tensor_difference(actual: Any, expected: Any) -> str | None:
     if not (_is_tensor(actual) and _is_tensor(expected)):
         if _is_tensor(actual) and _as_float(expected) is not None:
             return "a tensor came back where a Python number was expected (.item() turns a one-element tensor into one)"
-        return "one is a tensor and the other is not"
+        return f"expected a {type_name(type(expected))}, got a {type_name(type(actual))}"
     for attr in ("shape", "dtype", "device"):
         a, e = getattr(actual, attr), getattr(expected, attr)
         if a != e:
@@ -85,26 +156,74 @@ def _tensor_difference(actual: Any, expected: Any) -> str | None:
     return None
 
 
-def _difference(actual: Any, expected: Any) -> str | None:
-    """Why `actual` is not equal to `expected`, or None when it is."""
+# Compared by exact type: a bool is not an int, a numpy.float64 is not a float, a str subclass is not a str.
+_EXACT = (bool, int, float, complex, str, bytes, type(None))
+# Containers: the same kind (a tuple is not a list), compared item by item through the base type's own methods.
+_CONTAINERS = (tuple, list, dict, set, frozenset)
+
+
+def _difference(actual: Any, expected: Any, depth: int = 0) -> str | None:
+    """Why `actual` is not equal to `expected` (types first), or None when it is; "" when only the values differ."""
     if _is_tensor(actual) or _is_tensor(expected):
         return _tensor_difference(actual, expected)
-    if _is_ndarray(actual) or _is_ndarray(expected):
+    if _is_ndarray(expected) or _is_ndarray(actual):
+        if not (_is_ndarray(expected) and _is_ndarray(actual)):
+            return _type_difference(actual, expected)
         import numpy as np
 
-        a, e = np.asarray(actual), np.asarray(expected)
-        if a.shape != e.shape:
-            return f"the shape differs: expected {e.shape}, got {a.shape}"
-        return None if np.array_equal(a, e) else "the values differ"
-    try:
-        same = bool(actual == expected)
+        if actual.shape != expected.shape:
+            return f"the shape differs: expected {expected.shape}, got {actual.shape}"
+        if actual.dtype.kind != expected.dtype.kind:
+            return f"the dtype differs: expected {expected.dtype}, got {actual.dtype}"
+        return None if np.array_equal(actual, expected) else "the values differ"
+    kind = type(expected)
+    if kind in _EXACT:
+        if type(actual) is not kind:
+            return _type_difference(actual, expected)
+        return None if actual == expected or (kind is float and math.isnan(actual) and math.isnan(expected)) else ""
+    base = next((c for c in _CONTAINERS if isinstance(expected, c)), None)
+    if base is not None:
+        if not isinstance(actual, base):
+            return _type_difference(actual, expected)
+        return _container_difference(base, actual, expected, depth)
+    if not isinstance(actual, kind):
+        return _type_difference(actual, expected)
+    try:  # the expected value's own ==: a subclass of its type cannot answer in its place
+        same = kind.__eq__(expected, actual)
     except Exception:  # noqa: BLE001 - e.g. a comparison that is ambiguous
         same = False
-    if same:
-        return None
-    if type(actual) is not type(expected) and _safe_str(actual) == _safe_str(expected):
-        return f"they look alike but the types differ: expected {type(expected).__name__}, got {type(actual).__name__}"
-    return ""
+    return None if (same is True or actual is expected) else ""
+
+
+def _container_difference(base: type, actual: Any, expected: Any, depth: int) -> str | None:
+    if depth > 20:
+        return "it nests too deeply to compare"
+    if base in (set, frozenset):
+        return None if base.__eq__(expected, actual) is True else ""
+    if base is dict:
+        got, want = list(dict.keys(actual)), list(dict.keys(expected))
+        if set(got) != set(want):
+            missing, extra = sorted(map(repr, set(want) - set(got))), sorted(map(repr, set(got) - set(want)))
+            return "the keys differ" + (f": missing {', '.join(missing)}" if missing else "") + (
+                f"; unexpected {', '.join(extra)}" if extra else "")
+        pairs = [(repr(k), dict.__getitem__(actual, k), dict.__getitem__(expected, k)) for k in want]
+    else:
+        got, want = list(base.__iter__(actual)), list(base.__iter__(expected))
+        if len(got) != len(want):
+            return f"the length differs: expected {len(want)}, got {len(got)}"
+        pairs = [(str(i), a, e) for i, (a, e) in enumerate(zip(got, want, strict=True))]
+    for key, a, e in pairs:
+        why = _difference(a, e, depth + 1)
+        if why is not None:
+            return f"at [{key}]: expected {_show(e)}, got {_show(a)}" + (f"; {why}" if why else "")
+    return None
+
+
+def _type_difference(actual: Any, expected: Any) -> str:
+    want, got = type_name(type(expected)), type_name(type(actual))
+    if _safe_str(actual) == _safe_str(expected):
+        return f"they look alike but the types differ: expected {want}, got {got}"
+    return f"the types differ: expected {want}, got {got}"
 
 
 def _safe_str(x: Any) -> str | None:
@@ -115,11 +234,14 @@ def _safe_str(x: Any) -> str | None:
 
 
 def expect_equal(actual: Any, expected: Any, what: str, hint: str = "") -> None:
-    """Fail, showing expected and got, unless `actual == expected`.
+    """Fail, showing expected and got, unless `actual` has the type of `expected` and equals it.
 
-    Tensors must match in shape, dtype, device and every value; arrays in shape and values.
-    Used by every notebook.
+    bool, int, float, str and None must match exactly (True is not 1; numpy.float64 is not float); tuples, lists,
+    dicts and sets must be the same kind and are compared item by item, types included; tensors must match in
+    shape, dtype, device and every value; arrays in shape, kind of dtype and values; any other value must be an
+    instance of the expected value's type and equal by that type's ==. Used by every notebook.
     """
+    __tracebackhide__ = True
     why = _difference(actual, expected)
     if why is None:
         return
@@ -127,16 +249,32 @@ def expect_equal(actual: Any, expected: Any, what: str, hint: str = "") -> None:
     _fail(f"{what}: expected {_show(expected)}, got {_show(actual)}{detail}", hint)
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not _is_tensor(x) and not _is_ndarray(x)
+
+
+def _kind(x: Any) -> str:
+    """What expect_close compares: a number, a tensor, an array, a list or a tuple (anything else: its type)."""
+    if _is_number(x):
+        return "a number"
+    if _is_tensor(x):
+        return "a tensor"
+    if _is_ndarray(x):
+        return "an array"
+    if type(x) in (list, tuple):
+        return f"a {type(x).__name__}"
+    return f"a {type_name(type(x))}"
+
+
 def _as_float(x: Any) -> float | None:
     """A Python float for real scalars (numbers, numpy scalars, 0-d tensors and arrays), else None."""
-    if isinstance(x, numbers.Real):
+    if _is_number(x):
         return float(x)
     if _is_tensor(x) and x.ndim == 0 and x.device.type != "meta" and not x.is_complex():
         return float(x.item())
     if _is_ndarray(x) and x.ndim == 0 and not _is_complex_array(x):
         return float(x.item())
     return None
-
 
 def _is_complex_array(x: Any) -> bool:
     import numpy as np
@@ -157,9 +295,16 @@ def expect_close(
 ) -> None:
     """Fail unless |actual - expected| <= max(rel * max(|actual|, |expected|), abs), element by element.
 
-    Accepts numbers, tensors (any device but meta, any float dtype), arrays and lists. NaN is never close.
+    `actual` must be the same kind of value as `expected`: a number (int, float or a numpy scalar; not a bool),
+    a tensor (any device but meta, any float dtype), an array, a list or a tuple. NaN is never close.
     Used by every notebook.
     """
+    __tracebackhide__ = True
+    if _kind(actual) != _kind(expected):
+        extra = " (.item() turns a one-element tensor into a Python number)" if _is_tensor(actual) and _is_number(
+            expected) else ""
+        _fail(f"{what}: expected {_kind(expected)} like {_show(expected)}, got {_kind(actual)}: {_show(actual)}{extra}",
+              hint)
     tolerance = f"within rel={rel:g}" + (f", abs={abs:g}" if abs else "")
     a, e = _as_float(actual), _as_float(expected)
     if a is not None and e is not None:
@@ -203,21 +348,16 @@ def expect_raises(
 
     Used by every notebook.
     """
+    __tracebackhide__ = True
     names = _type_names(exc_type)
     try:
         result = fn(*args, **kwargs)
     except exc_type as exc:
         return exc
     except Exception as exc:  # noqa: BLE001 - any other error is the learner's bug to report
-        _fail(f"{what}: expected {names}, but it raised {type(exc).__name__}: {exc}", hint)
+        _fail(f"{what}: expected {names}, but it raised {type_name(type(exc))}: {exc}", hint)
     _fail(f"{what}: expected {names}, but it returned {_show(result)} without raising", hint)
     raise AssertionError("unreachable")  # for type checkers: _fail always raises
-
-
-def _type_names(types: type | tuple[type, ...]) -> str:
-    if isinstance(types, tuple):
-        return " or ".join(t.__name__ for t in types)
-    return types.__name__
 
 
 def expect_type(value: Any, types: type | tuple[type, ...], what: str, hint: str = "") -> None:
@@ -225,10 +365,61 @@ def expect_type(value: Any, types: type | tuple[type, ...], what: str, hint: str
 
     Used by every notebook.
     """
+    __tracebackhide__ = True
     if not isinstance(value, types):
-        _fail(f"{what}: expected {_type_names(types)}, got {type(value).__name__}: {_show(value)}", hint)
+        _fail(f"{what}: expected {_type_names(types)}, got {type_name(type(value))}: {_show(value)}", hint)
 
 
 def passed(message: str) -> None:
     """Print "✓ {message}": the last line of a test cell that passed. Used by every notebook."""
     print(f"✓ {message}")
+
+
+def own(*names: str) -> None:
+    """Fail unless each graded name is defined in the notebook and holds code written there, not an import.
+
+    `own("amp_train_step")` in a test cell fails with "✗ `amp_train_step` is imported from course.amp, not written
+    in the notebook. Fix: ..." when the learner's cell only says `from course.amp import amp_train_step`. Calling
+    library helpers inside one's own function is fine. The grader checks the same before every test cell.
+    """
+    __tracebackhide__ = True
+    namespace = sys._getframe(1).f_globals  # the notebook's globals: test cells call this from their own code
+    for name in names:
+        if name not in namespace:
+            _fail(f"`{name}` is not defined", f"run the cell that defines `{name}` first (Run > Run All Cells)")
+        why = why_not_own(name, namespace[name])
+        if why:
+            _fail(why, f"write `{name}` yourself in its cell (calling library helpers inside it is fine)")
+
+
+class written:  # noqa: N801 - used like a function: `with written("pick_device"):`
+    """Turn the NotImplementedError of an exercise that is not written yet into one ✗ line.
+
+        with checks.written("pick_device"):
+            expect_equal(pick_device("cpu"), torch.device("cpu"), "pick_device('cpu')")
+
+    fails with "✗ `pick_device` is not written yet. Fix: replace `raise NotImplementedError()` with your code" when
+    the NotImplementedError was raised by notebook code; one raised by a library (an operation torch does not
+    support, say) is left as it is.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> written:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        __tracebackhide__ = True
+        if kind is None or not issubclass(kind, NotImplementedError) or not _raised_in_notebook(tb):
+            return
+        _fail(f"`{self.name}` is not written yet", "replace `raise NotImplementedError()` with your code",
+              quiet_cause=True)
+
+
+def _raised_in_notebook(tb: TracebackType | None) -> bool:
+    """Whether the innermost frame of a traceback runs code from a notebook cell."""
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and is_cell_file(last.tb_frame.f_code.co_filename)

@@ -7,6 +7,8 @@
     python -m grader export                      grades.csv and tests.csv
     python -m grader summary                     pass rate per test cell: summary.csv, summary.md, summary.png
     python -m grader all SUBMISSIONS             autograde, feedback, export and summary (`make grade`)
+    python -m grader stamp                       the repository URL of pyproject.toml into solutions/ (`make release`)
+    python -m grader publish OUT [--repo-url U]  the learner edition (no solutions, grader or tests) into OUT
 
 Everything a grading run writes goes to the workspace (--out, default grading/ in the repository); the submissions
 folder is only read.
@@ -44,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
     course_options(p)
     p.add_argument("--exercises", type=Path, help="release folder (default exercises/)")
     jobs_option(p)
+
+    p = commands.add_parser("stamp", help="write the pyproject.toml repository URL into the solution notebooks")
+    p.add_argument("--solutions", type=Path, help="nbgrader source folder (default solutions/)")
+    p.add_argument("--repo-url", help="this URL instead of pyproject.toml's [project.urls] Repository")
+
+    p = commands.add_parser("publish", help="write the learner edition into OUT (refused on leaks)")
+    p.add_argument("out", type=Path, help="a new or empty folder (a clone holding only .git is fine)")
+    p.add_argument("--repo-url", help="where learners get it (default: pyproject.toml's [project.urls] Repository)")
+    course_options(p)
 
     defaults = Options()
     for name, text in (("autograde", "grade a folder of submissions"),
@@ -133,6 +144,13 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "release":
             return release(args.assignment, _solutions(args), exercises)
         return check(args.assignment, args.jobs, _solutions(args), exercises)
+
+    if args.command in ("stamp", "publish"):
+        from grader.publish import publish, stamp_solutions
+
+        if args.command == "stamp":
+            return stamp_solutions(args.repo_url, _solutions(args))
+        return publish(args.out.resolve(), args.repo_url, args.assignment, _solutions(args))
 
     from grader import report
     from grader.workspace import Workspace

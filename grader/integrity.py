@@ -18,6 +18,10 @@ What the guard protects, and how:
   the cell's own code reads the pristine builtin (student functions keep their own names).
 - An audit hook refuses sys.settrace/sys.setprofile (a tracer can skip an `assert` line) and new audit hooks.
 - A change to anything protected *during a test cell* fails that cell (an error output, as a failed test).
+- Graded names must be the learner's own: before a test cell runs, the graded name it tests (config "graded": test
+  cell digest -> names, from the notebook's nbgrader metadata) must hold code written in the notebook, not an
+  imported object (`course.ownership.why_not_own`; calling library helpers inside one's own function is fine).
+  Otherwise the cell does not run and shows one `NotWrittenInNotebook` error that says where the name comes from.
 
 Everything found is reported to the grader over a pipe (`report_fd`), one JSON line per event, with a heartbeat
 after every cell: the grader fails the notebook when the heartbeats stop (hooks removed). All of this runs inside
@@ -28,6 +32,7 @@ Written for CPython 3.10+, IPython 8/9, ipykernel 6/7. No dataclasses: this file
 """
 import ast
 import builtins
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -73,6 +78,10 @@ _MISSING = object()
 
 class GraderIntegrityError(RuntimeError):
     """Shown as the error of a test cell during which protected code was replaced."""
+
+
+class NotWrittenInNotebook(RuntimeError):
+    """Shown as the error of a test cell whose graded name holds imported code (grader/outcome.py reads its text)."""
 
 
 def _code_like(value):
@@ -178,7 +187,7 @@ class _ModuleSnap:
                 changes.append(f"{name}.{key}")
         for snap in self.functions:
             snap.restore(changes)
-        for cls, key, members, keys in self.classes:
+        for cls, key, members, _keys in self.classes:
             own = vars(cls)
             for k, v in members.items():
                 if own.get(k, _MISSING) is not v:
@@ -308,8 +317,11 @@ class _Unshadow(ast.NodeTransformer):
 
     def __init__(self):
         self.names = frozenset()
+        self.refuse = False             # the whole cell becomes `pass` (a graded name is not the learner's own)
 
     def visit(self, node):
+        if self.refuse and isinstance(node, ast.Module):
+            return ast.Module(body=[ast.Pass()], type_ignores=[])
         if not self.names:
             return node
         try:
@@ -369,6 +381,8 @@ class Guard:
         self._fd = config.get("report_fd")
         self._token = config.get("token", "")
         self._test_marker = config.get("test_marker") or None
+        self._graded = {str(k): [str(n) for n in v] for k, v in (config.get("graded") or {}).items()}
+        self._refusal = None            # why the current test cell was not run
         self.course_dir = config.get("course_dir") or None
         self.trusted_paths = [p for p in sys.path if p and os.path.isabs(p)]
         self._modules = {}              # protected modules: name -> _ModuleSnap (identity of the real module)
@@ -449,6 +463,10 @@ class Guard:
             if obj is not None and hasattr(obj, "__dict__"):
                 self._objects.append(_ObjectSnap(obj, label, names))
         self._showtraceback = type(shell)._showtraceback     # the class's own, as imported
+        try:                            # before notebook code runs: stdlib modules it could patch are still intact
+            importlib.import_module("course.ownership")
+        except Exception as exc:
+            self._flag(f"could not import course.ownership: {type(exc).__name__}: {exc}")
         self._armed = True
         self._send("ready")
 
@@ -580,12 +598,39 @@ class Guard:
         changes = self.verify()
         self._in_test = info is not None and self._is_test(info)
         self._unshadow.names = frozenset()
+        self._refusal = None
+        self._unshadow.refuse = False
         if self._in_test:
+            self._refusal = self._not_own(getattr(info, "raw_cell", "") or "")
+            self._unshadow.refuse = bool(self._refusal)
             self._prepare_unshadow(getattr(info, "raw_cell", "") or "", changes)
             if changes:
                 sys.stderr.write("The grader restored code that an earlier cell had replaced: "
                                  + ", ".join(sorted(set(changes))[:8]) + "\n")
         self._report("pre", changes)
+
+    def _not_own(self, source):
+        """Why the graded names this test cell tests are not the learner's own code; None when they are."""
+        names = self._graded.get(hashlib.sha256(source.encode()).hexdigest())
+        if not names or self._shell is None:
+            return None
+        snap = self._modules.get("course.ownership")       # imported at attach(), restored by verify()
+        if snap is None:
+            self._flag("could not check graded names: course.ownership is not loaded")
+            return None
+        ownership = snap.module
+        reasons = []
+        for name in names:
+            value = self._shell.user_ns.get(name, _MISSING)
+            if value is _MISSING:       # not defined: the test's own NameError says so
+                continue
+            try:
+                why = ownership.why_not_own(name, value)
+            except Exception as exc:    # fail closed: an object that breaks the question is not accepted
+                why = f"`{name}` could not be checked ({type(exc).__name__}), so it is not taken as written here"
+            if why:
+                reasons.append(str(why))
+        return "; ".join(reasons) or None
 
     def _prepare_unshadow(self, source, changes):
         try:
@@ -611,9 +656,13 @@ class Guard:
             shell.user_ns[PRISTINE] = self._pristine
             changes.append(PRISTINE)
         self._unshadow.names = frozenset()
+        self._unshadow.refuse = False
         failed = False
-        if self._in_test and (changes or self._broken) and result is not None:
+        if self._in_test and self._refusal and result is not None:
+            failed = self._refuse_cell(result, self._refusal)
+        elif self._in_test and (changes or self._broken) and result is not None:
             failed = self._fail_cell(result, changes)
+        self._refusal = None
         self._in_test = False
         self._report("post", changes, failed=failed)
 
@@ -627,6 +676,20 @@ class Guard:
             pass
         try:
             self._showtraceback(self._shell, GraderIntegrityError, error, [f"GraderIntegrityError: {message}"])
+        except Exception:
+            pass
+        return True
+
+    def _refuse_cell(self, result, reason):
+        error = NotWrittenInNotebook(reason)
+        try:
+            result.error_in_exec = error
+        except Exception:
+            pass
+        line = (f"✗ {reason}. Fix: write it yourself in its cell (calling library helpers inside it is fine); "
+                "this test did not run")
+        try:
+            self._showtraceback(self._shell, NotWrittenInNotebook, error, [line])
         except Exception:
             pass
         return True

@@ -17,6 +17,7 @@ from grader.nbtools import grade_id, nbgrader_meta
 INCIDENTS = {CELL_TIMEOUT: "cell-timeout", NOTEBOOK_TIMEOUT: "notebook-timeout", KERNEL_DIED: "kernel-died",
              NOT_RUN: "not-run", "MemoryError": "memory-limit", "SystemExit": "system-exit"}
 OUTPUT_MARKS = (OUTPUT_CUT, "... Output truncated ...")     # ours while running, nbgrader's LimitOutput after
+NOT_OWN = "NotWrittenInNotebook"    # grader/integrity.py: a graded name holds imported code; its text is the reason
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
@@ -37,7 +38,9 @@ def cell_failure(cell) -> str:
     errors = _errors(cell)
     ours = [e for e in errors if e.get("ename") in INCIDENTS and e.get("ename") != "MemoryError"]
     for error in ours or errors:
-        value = _clean(error.get("evalue", ""))
+        value = _clean(error.get("evalue", ""), limit=300 if error.get("ename") == NOT_OWN else 160)
+        if error.get("ename") == NOT_OWN:
+            return value
         return f"{error.get('ename')}: {value}" if value else str(error.get("ename"))
     if any(o.get("output_type") == "stream" and o.get("name") == "stderr" for o in cell.get("outputs", [])):
         return "wrote to stderr (nbgrader scores that as a failure)"

@@ -366,20 +366,24 @@ def _under(path: Path, roots: list[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
 
-def _test_sources(workdir: Path) -> set[str]:
-    """sha256 of each nbgrader test cell's source in the working copy's notebooks (read before the kernel runs)."""
-    digests: set[str] = set()
+def _test_sources(workdir: Path) -> dict[str, list[str]]:
+    """sha256 of each nbgrader test cell's source in the working copy's notebooks (read before the kernel runs), with
+    the graded name it tests: the solution grade_id `g` of a test cell `test_<g>` or `test_<g>_<suffix>`."""
+    digests: dict[str, list[str]] = {}
     for nb_path in sorted(workdir.glob("*.ipynb"))[:50]:
         try:
             nb = json.loads(nb_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        for cell in nb.get("cells", []):
-            meta = (cell.get("metadata") or {}).get("nbgrader") or {}
+        metas = [(cell, (cell.get("metadata") or {}).get("nbgrader") or {}) for cell in nb.get("cells", [])]
+        solutions = sorted((str(m.get("grade_id")) for _, m in metas if m.get("solution")), key=len, reverse=True)
+        for cell, meta in metas:
             if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
                 source = cell.get("source", "")
                 source = "".join(source) if isinstance(source, list) else source
-                digests.add(hashlib.sha256(source.encode()).hexdigest())
+                gid = str(meta.get("grade_id", ""))
+                tested = next((g for g in solutions if gid == f"test_{g}" or gid.startswith(f"test_{g}_")), None)
+                digests.setdefault(hashlib.sha256(source.encode()).hexdigest(), []).extend([tested] if tested else [])
     return digests
 
 
@@ -487,6 +491,7 @@ class KernelSandbox:
         return {"limits": limits, "uid": self.uid, "gid": self.gid, "report_fd": self.report_w,
                 "token": self.token, "test_marker": self.test_marker, "isolated": self.isolated,
                 "course_dir": str(course) if course else None,
+                "graded": {digest: names for digest, names in self.test_sources.items() if names},
                 "home": INSIDE_HOME if self.isolated else None,
                 "neutral_dir": INSIDE_HOME if self.isolated else "/"}
 

@@ -1,8 +1,13 @@
-"""course.checks: each helper passes on good values, and on bad ones prints, then raises, a message that says
-what was expected, what came back and what to fix. Also: `import course` and `course.checks` stay light."""
+"""course.checks: each helper passes on good values, and on bad ones raises one line that says what was expected,
+what came back and what to fix. Values of another type never pass (an always-equal object earns nothing), types are
+named as the learner writes them, the helpers' frames are hidden from IPython's traceback, `own` tells a learner's
+function from an imported one and `written` explains an unwritten exercise. Also: `import course` stays light."""
 
 from __future__ import annotations
 
+import contextlib
+import fractions
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +17,18 @@ import pytest
 import torch
 
 from course import checks
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
+from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed, type_name, written
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _failure(fn, *args, capsys, **kwargs) -> str:
-    """Run a check that must fail; return its message after checking it was also printed."""
+    """Run a check that must fail; return its one-line message (the exception says it; nothing else is printed)."""
     with pytest.raises(AssertionError) as info:
         fn(*args, **kwargs)
     message = str(info.value)
-    assert message.startswith("✗ ")
-    assert message in capsys.readouterr().out
+    assert message.startswith("✗ ") and "\n" not in message
+    assert capsys.readouterr().out == ""
     return message
 
 
@@ -60,13 +65,14 @@ def test_expect_equal_on_arrays_and_lookalike_types(capsys):
     message = _failure(expect_equal, "1", 1, "a string for a number", capsys=capsys)
     assert "expected 1, got '1'" in message and "expected int, got str" in message
     message = _failure(expect_equal, torch.device("cpu"), "cpu", "the device", capsys=capsys)
-    assert "types differ: expected str, got device" in message
+    assert "types differ: expected str, got torch.device" in message
     assert "types differ" not in _failure(expect_equal, 2, 1, "plain numbers", capsys=capsys)
 
 
 def test_expect_close_scalars(capsys):
     expect_close(1.0, 1.0 + 1e-9, "tiny difference")
-    expect_close(torch.tensor(2.0), 2.0, "0-d tensor")
+    expect_close(torch.tensor(2.0), torch.tensor(2.0 + 1e-9), "0-d tensors")
+    expect_close(3, 3.0, "an int where a float is expected is still a number")
     expect_close(np.float32(0.5), 0.5, "numpy scalar")
     expect_close(0.0, 1e-9, "absolute tolerance", abs=1e-6)
     message = _failure(expect_close, 1.1, 1.0, "the loss", rel=1e-3, capsys=capsys)
@@ -106,7 +112,7 @@ def test_expect_type_names_the_type_that_came_back(capsys):
     expect_type(torch.zeros(1), torch.Tensor, "a tensor")
     expect_type(3, (int, float), "a number")
     message = _failure(expect_type, [1, 2], torch.Tensor, "pick_batch()", hint="return a tensor", capsys=capsys)
-    assert "expected Tensor" in message and "got list" in message
+    assert "expected torch.Tensor" in message and "got list" in message
 
 
 def test_passed_prints_a_tick(capsys):
@@ -142,3 +148,217 @@ def test_lazy_attribute_access_imports_the_submodule_and_rejects_typos():
     with pytest.raises(AttributeError, match="no attribute 'chekcs'"):
         course.chekcs  # noqa: B018
     assert "checks" in dir(course)
+
+
+class AlwaysEqual:
+    """What a graded function could return to fool `==`: equal to everything, truthy, and unequal to nothing."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __bool__(self):
+        return True
+
+    __hash__ = object.__hash__
+
+
+class SneakyFloat(float):
+    """A float whose == answers True to anything."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = float.__hash__
+
+
+EXPECTED = [torch.float16, torch.device("cpu"), True, 0.5, 3, "cpu", None, torch.ones(2), np.ones(2),
+            {"ok": True}, (1, 2), [1, 2], {1, 2}, fractions.Fraction(1, 3)]
+
+
+@pytest.mark.parametrize("expected", EXPECTED, ids=lambda e: type_name(type(e)))
+def test_an_always_equal_object_passes_no_check(expected, capsys):
+    assert AlwaysEqual() == expected, "the fake must fool a plain =="
+    message = _failure(expect_equal, AlwaysEqual(), expected, "the result", capsys=capsys)
+    assert "AlwaysEqual" in message, message
+    _failure(expect_equal, [AlwaysEqual()], [expected], "inside a list", capsys=capsys)
+    _failure(expect_equal, {"k": AlwaysEqual()}, {"k": expected}, "inside a dict", capsys=capsys)
+    _failure(check, AlwaysEqual(), "a truthy object is not True", "", capsys=capsys)
+    if isinstance(expected, (float, int)) and not isinstance(expected, bool):
+        _failure(expect_close, AlwaysEqual(), expected, "close to a number", capsys=capsys)
+
+
+def test_a_subclass_cannot_answer_for_the_expected_type(capsys):
+    assert SneakyFloat(9.0) == 0.5
+    assert "expected float, got " in _failure(expect_equal, SneakyFloat(9.0), 0.5, "a float", capsys=capsys)
+
+    class SneakyFraction(fractions.Fraction):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = fractions.Fraction.__hash__
+
+    expect_equal(SneakyFraction(1, 3), fractions.Fraction(1, 3), "an instance of the expected type that is equal")
+    _failure(expect_equal, SneakyFraction(1, 2), fractions.Fraction(1, 3), "judged by Fraction's ==", capsys=capsys)
+
+
+@pytest.mark.parametrize(("actual", "expected", "names"), [
+    (1, True, "expected bool, got int"),
+    (True, 1, "expected int, got bool"),
+    (1, 1.0, "expected float, got int"),
+    (np.float64(0.5), 0.5, "expected float, got numpy.float64"),
+    ("torch.float16", torch.float16, "expected torch.dtype, got str"),
+    ("cpu", torch.device("cpu"), "expected torch.device, got str"),
+    ([1, 2], (1, 2), "expected tuple, got list"),
+    ((1, 2), [1, 2], "expected list, got tuple"),
+    (np.ones(2), torch.ones(2), "expected a torch.Tensor, got a numpy.ndarray"),
+    ([1.0, 1.0], np.ones(2), "expected numpy.ndarray, got list"),
+    ({"n": 4.0}, {"n": 4}, "expected int, got float"),
+    ({"n": 4}, {"n": 4, "mean": 2.0}, "missing 'mean'"),
+    ((1, (2, "3")), (1, (2, 3)), "at [1]"),
+])
+def test_values_of_another_type_fail_naming_both_types(actual, expected, names, capsys):
+    assert names in _failure(expect_equal, actual, expected, "the value", capsys=capsys)
+
+
+def test_equal_values_of_the_right_type_pass():
+    for value in EXPECTED:
+        expect_equal(value.clone() if isinstance(value, torch.Tensor) else value, value, "itself")
+    expect_equal(float("nan"), float("nan"), "NaN is the same float as NaN")
+    expect_equal({"a": [1, (2.0, "x")], "b": None}, {"b": None, "a": [1, (2.0, "x")]}, "nested, any key order")
+    expect_equal(torch.device("cuda", 0), torch.device("cuda:0"), "two spellings of one device")
+
+
+def test_expect_close_wants_the_same_kind_of_value(capsys):
+    message = _failure(expect_close, torch.tensor(2.0), 2.0, "the loss", capsys=capsys)
+    assert "expected a number like 2.0, got a tensor" in message and ".item()" in message
+    assert "got a bool" in _failure(expect_close, True, 1.0, "a flag is not a number", capsys=capsys)
+    assert "expected a tuple" in _failure(expect_close, [1.0], (1.0,), "a tuple", capsys=capsys)
+
+
+def test_check_wants_a_bool(capsys):
+    check(np.bool_(True), "numpy's bool counts", "")
+    check(torch.tensor(True), "a one-element bool tensor counts", "")
+    _failure(check, np.bool_(False), "false is false", "", capsys=capsys)
+    message = _failure(check, [0], "a non-empty list is not True", "", capsys=capsys)
+    assert "got a list where True or False belongs" in message
+    assert _failure(check, [], "nothing was recorded", "record it", capsys=capsys) == (
+        "✗ nothing was recorded. Fix: record it")
+
+
+def test_type_names_are_written_as_the_learner_writes_them():
+    assert type_name(torch.device) == "torch.device"
+    assert type_name(torch.dtype) == "torch.dtype"
+    assert type_name(torch.Tensor) == "torch.Tensor"
+    for kind in (torch.amp.GradScaler, torch.nn.Linear, torch.utils.data.DataLoader, np.ndarray):
+        assert eval(type_name(kind), {"torch": torch, "numpy": np}) is kind, type_name(kind)  # noqa: S307
+    assert type_name(np.float64) == "numpy.float64"
+    assert type_name(int) == "int" and type_name(AlwaysEqual) == "tests.test_checks.AlwaysEqual"
+
+
+def _notebook(source: str) -> dict:
+    """Run `source` the way a notebook cell runs (a `<...>` file name, a __main__ namespace); its namespace."""
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<ipython-input-1-0123>", "exec"), namespace)  # noqa: S102 - a pretend notebook cell
+    return namespace
+
+
+def test_own_tells_the_learners_code_from_an_import(capsys):
+    namespace = _notebook(
+        "import functools, json\n"
+        "from course.checks import own\n"
+        "from json import dumps\n"
+        "def pick_device(x):\n    return json.dumps(x)\n"
+        "shout = lambda x: x.upper()\n"
+        "loads = functools.partial(json.loads)\n"
+        "class Net(json.JSONDecoder):\n    def decode(self, s):\n        return s\n"
+        "class Borrowed(json.JSONDecoder):\n    pass\n"
+        "def run(*names):\n    own(*names)\n")
+    namespace["run"]("pick_device", "shout", "Net")
+    message = _failure(namespace["run"], "dumps", capsys=capsys)
+    assert message.startswith("✗ `dumps` is imported from json, not written in the notebook. Fix: write `dumps`")
+    assert "imported from json" in _failure(namespace["run"], "loads", capsys=capsys)
+    assert "JSONDecoder, subclassed without code" in _failure(namespace["run"], "Borrowed", capsys=capsys)
+    assert "is not defined" in _failure(namespace["run"], "fit", capsys=capsys)
+
+
+def test_written_explains_an_unwritten_exercise_and_only_that(capsys):
+    namespace = _notebook("def pick_device():\n    raise NotImplementedError()\n")
+    with pytest.raises(AssertionError) as info, written("pick_device"):
+        namespace["pick_device"]()
+    assert str(info.value) == ("✗ `pick_device` is not written yet. Fix: replace `raise NotImplementedError()` "
+                               "with your code")
+    assert info.value.__suppress_context__, "the stub's own traceback is not shown again"
+    with pytest.raises(NotImplementedError, match="not supported"), written("pick_device"):
+        raise_from_a_library()
+    with written("pick_device"):
+        pass
+
+
+def raise_from_a_library():
+    """A NotImplementedError raised by module code (this file), as torch raises for an unsupported operation."""
+    raise NotImplementedError("not supported on this device")
+
+
+def test_ipython_shows_the_learners_line_and_the_message_not_the_helpers(capsys):
+    """One frame of course/checks.py at most (the raise itself): the helpers' frames are hidden."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        shell.run_cell("import torch\nfrom course.checks import expect_equal\n"
+                       "def __check():\n    expect_equal(torch.device('cpu'), 'cpu', 'pick_device()', 'return a str')\n"
+                       "__check()\n", store_history=False)
+    text = out.getvalue()
+    assert "✗ pick_device(): expected 'cpu', got torch.device('cpu')" in text
+    assert "skipping hidden" in text and text.count("checks.py") <= 1, text
+    assert "_difference" not in text and "def expect_equal" not in text
+
+
+OWNERSHIP_CELL = """
+import functools, json
+import torch
+def mine(x):
+    return json.dumps(x)
+lam = lambda x: json.dumps(x)
+@functools.wraps(json.dumps)
+def wraps_a_helper(*a):
+    return json.dumps(*a)
+partial_of_mine = functools.partial(mine, 1)
+no_grad_mine = torch.no_grad()(mine)
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return x
+class Empty:
+    pass
+class Step:
+    def __call__(self):
+        return 1
+step = Step()
+method = Net().forward
+imported = json.dumps
+partial_of_import = functools.partial(json.dumps, indent=2)
+no_grad_import = torch.no_grad()(json.dumps)
+instance_of_import = json.JSONEncoder()
+builtin = len
+builtin_class = str
+class Subclass(json.JSONEncoder):
+    pass
+"""
+
+
+@pytest.mark.parametrize(("name", "where"), [
+    ("mine", None), ("lam", None), ("wraps_a_helper", None), ("partial_of_mine", None), ("no_grad_mine", None),
+    ("Net", None), ("Empty", None), ("step", None), ("method", None),
+    ("imported", "json"), ("partial_of_import", "json"), ("no_grad_import", "json"),
+    ("instance_of_import", "json.encoder"), ("builtin", "the built-ins"), ("builtin_class", "the built-ins"),
+    ("Subclass", "json.encoder.JSONEncoder, subclassed without code of its own"),
+])
+def test_ownership_looks_through_wrappers_to_where_the_code_was_written(name, where):
+    """Code written in a cell is the learner's, wrapped or not; an import stays an import behind any wrapper."""
+    from course.ownership import origin
+
+    assert origin(_notebook(OWNERSHIP_CELL)[name]) == where

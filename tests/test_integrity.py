@@ -1,0 +1,91 @@
+"""Graded names must be the learner's own: a solution cell that only imports an answer scores 0, with the reason.
+
+The grader's in-kernel guard (grader/integrity.py) asks `course.ownership.why_not_own` before each test cell about
+the graded name that cell tests. Here a 04-amp submission takes two answers from a module it writes next to itself
+(`amp_dtype`, `amp_train_step`: imported, so 0 points with the reason in tests.csv) and wraps a third in a function
+of its own (`make_scaler`: calling a helper from one's own function is allowed, full points). The same cells earn
+points when the test cells run without the guard (tests.harness), so the zeros come from the guard alone. The
+helper module holds the solution cells' own code, so the test keeps working whatever `course` exports.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import sandbox
+from grader.nbtools import EXERCISES, SOLUTIONS, grade_id
+from tests.harness import run_function_tests
+from tests.mutations import solution_cell
+
+ASSIGNMENT, NOTEBOOK = "04-amp", "amp.ipynb"
+HELPER = "amp_helper"
+AVAILABLE, WHY = sandbox.status()
+
+
+def _helper_source() -> str:
+    """A module holding the reference answers, copied from the solution cells at test time."""
+    cells = [solution_cell(f"{ASSIGNMENT}/{NOTEBOOK}", f) for f in ("amp_dtype", "make_scaler", "amp_train_step")]
+    return "import torch\n\n\n" + "\n\n\n".join(cells) + "\n"
+
+
+def _cells() -> dict[str, str]:
+    """What the submission writes in each solution cell."""
+    write = (f"import os, sys\nfrom pathlib import Path\nPath({HELPER + '.py'!r}).write_text({_helper_source()!r})\n"
+             "if os.getcwd() not in sys.path:\n    sys.path.insert(0, os.getcwd())\n")
+    return {
+        "amp_dtype": write + f"from {HELPER} import amp_dtype\n",
+        "make_scaler": write + f"import {HELPER}\n\n\ndef make_scaler(device, dtype):\n"
+                       f"    return {HELPER}.make_scaler(device, dtype)\n",
+        "amp_train_step": write + f"import {HELPER}\n\namp_train_step = {HELPER}.amp_train_step\n",
+    }
+
+
+def test_the_same_cells_pass_the_tests_without_the_guard(tmp_path, monkeypatch):
+    """Control: the test cells alone would give the imported answers full marks."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, HELPER, raising=False)
+    for function, source in _cells().items():
+        results = run_function_tests(SOLUTIONS / ASSIGNMENT / NOTEBOOK, function, replacement=source)
+        assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
+    sys.modules.pop(HELPER, None)
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"the guard runs in sandboxed grading kernels; no sandbox here: {WHY}")
+def test_an_imported_answer_scores_zero_with_the_reason(tmp_path):
+    from grader.cli import main
+
+    nb = nbformat.read(EXERCISES / ASSIGNMENT / NOTEBOOK, as_version=4)
+    cells = _cells()
+    for cell in nb.cells:
+        if grade_id(cell) in cells:
+            cell.source = cells[grade_id(cell)]
+    folder = tmp_path / "submitted" / "delegator" / ASSIGNMENT
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / NOTEBOOK)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["autograde", str(tmp_path / "submitted"), "--out", str(tmp_path / "grading"), "--jobs", "1",
+                       "--assignment", ASSIGNMENT])
+        status = status or main(["export", "--out", str(tmp_path / "grading")])
+    assert status == 0, out.getvalue()
+    with open(tmp_path / "grading" / "tests.csv", newline="") as handle:
+        rows = {r["grade_id"]: r for r in csv.DictReader(handle)}
+    assert float(rows["test_make_scaler"]["points"]) == float(rows["test_make_scaler"]["max_points"]) > 0, rows
+    for test, name in (("test_amp_dtype", "amp_dtype"), ("test_amp_train_step", "amp_train_step"),
+                       ("test_amp_train_step_scaler", "amp_train_step")):
+        row = rows[test]
+        assert float(row["points"]) == 0 and float(row["max_points"]) > 0, row
+        # the first reason is the test's own; submission notes follow (the helper file it wrote was removed)
+        assert row["reason"].split("; ")[0] == f"`{name}` is imported from {HELPER}, not written in the notebook", row
+    autograded = Path(tmp_path / "grading" / "autograded" / "delegator" / ASSIGNMENT / NOTEBOOK)
+    shown = [o for c in nbformat.read(autograded, as_version=4).cells if grade_id(c) == "test_amp_dtype"
+             for o in c.get("outputs", [])]
+    assert [o.get("ename") for o in shown] == ["NotWrittenInNotebook"], shown
+    assert shown[0]["traceback"][0].startswith("✗ `amp_dtype` is imported from amp_helper"), shown
