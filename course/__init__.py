@@ -18,6 +18,7 @@ _SUBMODULES = (
     "checks",
     "compile",
     "data",
+    "device",
     "env",
     "models",
     "parity",
