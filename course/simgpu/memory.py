@@ -122,7 +122,7 @@ class MemoryAccount:
                 f"{format_size(self.allocated)} is allocated by PyTorch, and "
                 f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. If reserved "
                 f"but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
-                f"avoid fragmentation. (simulated {self.name}: the session's memory budget is "
+                f"avoid fragmentation. ({self.name}: the session's memory budget is "
                 f"{format_size(self.capacity)})")
 
     def stats(self) -> dict[str, int]:
@@ -137,7 +137,7 @@ class MemoryAccount:
         rows = [("Allocated memory", self.allocated, self.peak), ("Reserved memory", self.reserved,
                                                                   self.peak_reserved),
                 ("Non-releasable memory", self.reserved - self.allocated, None)]
-        lines = [f"|  simulated {self.name}: memory summary (capacity {format_size(self.capacity)})",
+        lines = [f"|  {self.name}: memory summary (capacity {format_size(self.capacity)})",
                  f"|  {'Metric':<24}{'Cur Usage':>14}{'Peak Usage':>14}"]
         for label, cur, peak in rows:
             lines.append(f"|  {label:<24}{format_size(cur):>14}{'' if peak is None else format_size(peak):>14}")
