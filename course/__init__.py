@@ -20,6 +20,7 @@ _SUBMODULES = (
     "data",
     "device",
     "env",
+    "memory",
     "models",
     "parity",
     "plots",
