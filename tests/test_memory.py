@@ -37,8 +37,8 @@ def lessons(nb):
     ns: dict = {"__name__": "__main__"}
     cells = [c for c in nb.cells if c.cell_type == "code"]
     chosen = [c for c in cells if grade_id(c) == "setup" or nbgrader_meta(c).get("solution")]
-    chosen += [c for c in cells if any(m in c.source for m in ("def make_blocks", "def accumulation_peak",
-                                                               "def step_peak"))]
+    chosen += [c for c in cells if any(m in c.source for m in ("def make_blocks", "def largest_batch",
+                                                               "def accumulation_peak", "def step_peak"))]
     try:
         for cell in chosen:
             source = cell.source
@@ -46,8 +46,8 @@ def lessons(nb):
                 source = source.split("cures = {")[0]
             if "def make_blocks" in source:
                 source = source.split("SIZES = [")[0]
-            if "def accumulation_peak" in source:
-                source = source.split("try:")[0]
+            if "def accumulation_peak" in source or "def largest_batch" in source:
+                source = source.split("\ntry:")[0]
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(source, f"<{grade_id(cell) or 'lesson'}>", "exec"), ns)  # noqa: S102 - our own cells
         yield ns
@@ -94,7 +94,8 @@ def test_cell_layout_and_graded_cells(nb):
         test = nb.cells[at + 1]
         assert grade_id(test) == f"test_{function}" and nbgrader_meta(test).get("points", 0) > 0
         assert test.source.startswith('"""Check ') and "### BEGIN HIDDEN TESTS" in test.source
-    headings = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## ")]
+    headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
+                if line.startswith("## ")]
     assert [h.split("·")[0].strip() for h in headings[:6]] == [f"## {n}" for n in range(1, 7)]
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
 
