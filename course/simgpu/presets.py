@@ -15,7 +15,7 @@ class GPUSpec:
     `total_memory` is also the simulated device's memory budget: allocations beyond it raise
     `torch.cuda.OutOfMemoryError`.
 
-    Introduced in 01-device.
+    Introduced in 04-amp.
     """
     name: str
     major: int

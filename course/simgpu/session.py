@@ -255,9 +255,6 @@ def gpu_session(gpu: str | GPUSpec = "T4") -> SimGPU:
 
 
 def active() -> SimGPU | None:
-    """The innermost active session, or None.
-
-    Introduced in 02-transfer.
-    """
+    """The innermost active session, or None (for library code and tests; no notebook calls it)."""
     rt = runtime.current()
     return rt.sessions[-1] if rt is not None and rt.sessions else None
