@@ -272,6 +272,17 @@ def test_training_memory_counts_gradients_optimizer_state_and_activations():
         assert [e.kind for e in s.memory_events] == ["reset_peak"]
 
 
+def test_a_nested_session_must_have_the_same_memory_budget():
+    """memory= is part of the simulated GPU: a nested session with another budget is refused, the same one joins."""
+    with simulated_cuda(memory=64 * MiB, replace_real=True) as outer:
+        with pytest.raises(ValueError, match="same GPU"):
+            with simulated_cuda(memory=32 * MiB, replace_real=True):
+                pass
+        with simulated_cuda(memory=64 * MiB, replace_real=True) as inner:
+            torch.cuda.reset_peak_memory_stats()
+        assert inner.memory_events and outer.memory_events == inner.memory_events
+
+
 def test_out_of_memory_in_backward_keeps_its_type():
     """An allocation refused inside backward raises torch.cuda.OutOfMemoryError out of backward()."""
     with simulated_cuda(memory=24 * MiB, replace_real=True):
