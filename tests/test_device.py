@@ -45,7 +45,7 @@ def test_cell_layout_and_graded_cells(nb):
 
 
 def test_the_broken_net_in_the_lesson_fails_on_a_second_device_and_works_on_the_cpu(nb):
-    from course.simgpu import find_device_mismatch
+    from course.device import find_device_mismatch
 
     ns = _lesson_namespace(nb, "class BrokenNet")
     broken, x = ns["BrokenNet"](), torch.randn(2, 5, 4)

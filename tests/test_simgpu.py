@@ -16,17 +16,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import simgpu
+from course.device import DeviceMismatchError, find_device_mismatch, run_on_meta
 from course.simgpu import (
     PRESETS,
     CostlyModel,
-    DeviceMismatchError,
     GPUSpec,
-    find_device_mismatch,
     gpu_session,
     gpu_work,
-    run_on_meta,
     simulated_cuda,
 )
+from course.simgpu import runtime as simgpu_runtime
 
 CUDA0 = torch.device("cuda", 0)
 no_real_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens on a machine without a GPU")
@@ -42,7 +41,8 @@ def _patched_state():
     names_cuda = ["is_available", "device_count", "current_device", "set_device", "get_device_name",
                   "get_device_capability", "get_device_properties", "is_bf16_supported", "synchronize", "Event",
                   "Stream", "current_stream", "default_stream", "stream", "set_stream", "memory_allocated",
-                  "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "mem_get_info", "get_arch_list"]
+                  "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "mem_get_info", "get_arch_list",
+                  "memory_reserved", "max_memory_reserved", "memory_stats", "memory_summary", "is_initialized"]
     state = {f"torch.cuda.{n}": getattr(torch.cuda, n, None) for n in names_cuda}
     state.update({f"torch.accelerator.{n}": getattr(torch.accelerator, n, None)
                   for n in ("is_available", "current_accelerator", "synchronize", "set_device_index")})
@@ -73,7 +73,7 @@ def test_nothing_is_patched_at_import_and_everything_is_restored_even_after_an_e
             assert torch.cuda.is_available() and torch._C._is_torch_function_mode_enabled()
             x = torch.ones(3).to("cuda")
             assert x.is_cuda
-            1 / 0
+            raise ZeroDivisionError
     assert _patched_state() == before
     assert torch.cuda.is_available() == real and simgpu.active() is None
     assert x.device.type == "cpu" and not x.is_cuda, "a tensor from the session is a CPU tensor again afterwards"
@@ -165,15 +165,131 @@ def test_custom_spec_and_unknown_name():
 
 
 def test_memory_statistics_follow_live_gpu_tensors(sim):
-    """memory_allocated counts tensors on the GPU; the peak remembers, and resets; empty_cache is harmless."""
+    """memory_allocated counts tensors on the GPU (in 512-byte blocks, as the caching allocator hands them out); the
+    peak remembers, and resets; empty_cache is harmless."""
     base = torch.cuda.memory_allocated()
     x = torch.zeros(1000, device="cuda")
-    assert torch.cuda.memory_allocated() - base == 4000
+    assert torch.cuda.memory_allocated() - base == 4096
     del x
-    assert torch.cuda.memory_allocated() == base and torch.cuda.max_memory_allocated() >= base + 4000
+    assert torch.cuda.memory_allocated() == base and torch.cuda.max_memory_allocated() >= base + 4096
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.empty_cache()
     assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+
+
+MiB = 1024 ** 2
+
+
+def test_the_memory_budget_is_the_preset_or_the_given_size():
+    """The budget is the preset's capacity, or memory=...; device queries and mem_get_info report it."""
+    with simulated("A100"):
+        assert torch.cuda.mem_get_info() == (PRESETS["A100"].total_memory, PRESETS["A100"].total_memory)
+    with simulated_cuda("T4", memory=64 * MiB, replace_real=True) as s:
+        assert torch.cuda.get_device_properties(0).total_memory == 64 * MiB and s.spec.name == "Tesla T4"
+        x = torch.empty(3 * MiB // 4, device="cuda")  # 3 MiB: one 20 MiB segment
+        free, total = torch.cuda.mem_get_info()
+        assert total == 64 * MiB and free == total - torch.cuda.memory_reserved() == 44 * MiB
+        del x
+    for bad in (0, -1, 1.5, "1GiB", True):
+        with pytest.raises(ValueError, match="memory="):
+            simulated_cuda(memory=bad)
+
+
+def test_an_allocation_past_the_budget_raises_cuda_out_of_memory():
+    """OutOfMemoryError (a RuntimeError) with CUDA's message; nothing is charged for it; memory comes back."""
+    with simulated_cuda(memory=32 * MiB, replace_real=True) as s:
+        keep = torch.zeros(4 * MiB, device="cuda")  # 16 MiB
+        before = torch.cuda.memory_allocated()
+        with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+            torch.ones(5 * MiB, device="cuda")  # 20 MiB more does not fit in 32
+        assert isinstance(info.value, RuntimeError)
+        assert str(info.value).startswith("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total "
+                                          "capacity of 32.00 MiB")
+        assert torch.cuda.memory_allocated() == before and torch.cuda.memory_stats()["num_ooms"] == 1
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.cat([keep, keep])  # results of operations are charged too (32 MiB more)
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.randn(5 * MiB).to("cuda")
+        del keep
+        assert torch.cuda.memory_allocated() == 0
+        torch.ones(5 * MiB, device="cuda")  # fits once the first tensor is gone
+        assert "1 out-of-memory" not in s.report() and "3 out-of-memory errors" in s.report()
+
+
+def test_reserved_memory_rounds_up_to_segments_and_empty_cache_returns_them():
+    """Blocks of 512 bytes, 2 MiB segments for small tensors, 20 MiB ones up to 10 MiB, own segments beyond;
+    freed blocks stay reserved until empty_cache(), which cannot free a segment a live tensor uses."""
+    with simulated() as s:
+        small = torch.empty(100, device="cuda")  # 400 bytes
+        assert (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) == (512, 2 * MiB)
+        mid = torch.empty(MiB // 2, device="cuda")  # 2 MiB: a large block, in a 20 MiB segment
+        fits = torch.empty(4 * MiB, device="cuda")  # 16 MiB: served from the 18 MiB left in that segment
+        assert torch.cuda.memory_reserved() == (2 + 20) * MiB
+        big = torch.empty(5 * MiB + 1, device="cuda")  # just over 20 MiB: its own segment, rounded up to 22 MiB
+        assert torch.cuda.memory_reserved() == (2 + 20 + 22) * MiB
+        assert torch.cuda.memory_allocated() == 512 + 2 * MiB + 16 * MiB + 20 * MiB + 512
+        del mid, fits, big
+        assert torch.cuda.memory_allocated() == 512 and torch.cuda.memory_reserved() == 44 * MiB
+        assert torch.cuda.max_memory_reserved() == 44 * MiB
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 2 * MiB, "the segment of the live small tensor stays"
+        del small
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 0
+        assert [e.kind for e in s.memory_events] == ["empty_cache", "empty_cache"]
+        assert s.memory_events[0].reserved == 2 * MiB
+        assert "simulated" in torch.cuda.memory_summary() and "Reserved memory" in torch.cuda.memory_summary()
+
+
+def test_a_failed_allocation_frees_the_cache_and_retries_as_pytorch_does():
+    """Cached segments are handed back before an allocation is refused."""
+    with simulated_cuda(memory=40 * MiB, replace_real=True):
+        x = torch.empty(6 * MiB, device="cuda")  # 24 MiB segment
+        del x
+        assert torch.cuda.memory_reserved() == 24 * MiB
+        y = torch.empty(8 * MiB, device="cuda")  # 32 MiB: fits only once the cached 24 MiB are released
+        assert torch.cuda.memory_reserved() == 32 * MiB and torch.cuda.memory_stats()["num_alloc_retries"] == 1
+        del y
+
+
+def test_training_memory_counts_gradients_optimizer_state_and_activations():
+    """Backward's gradients and temporaries are charged; Adam's two states persist; set_to_none frees gradients."""
+    with simulated() as s:
+        model = nn.Linear(1024, 1024).to(s.device)
+        weights = torch.cuda.memory_allocated()
+        assert weights == sum(p.numel() * 4 for p in model.parameters())  # both are multiples of 512 here
+        opt = torch.optim.Adam(model.parameters())
+        x = torch.randn(64, 1024, device=s.device)
+        torch.cuda.reset_peak_memory_stats()
+        model(x).square().mean().backward()
+        after_backward = torch.cuda.memory_allocated()
+        assert after_backward >= 2 * weights + x.numel() * 4, "the gradients are on the GPU"
+        opt.step()
+        assert torch.cuda.memory_allocated() >= after_backward + 2 * weights, "Adam keeps two states per parameter"
+        opt.zero_grad(set_to_none=True)
+        assert torch.cuda.memory_allocated() == weights * 3 + x.numel() * 4
+        assert torch.cuda.max_memory_allocated() >= 4 * weights
+        assert [e.kind for e in s.memory_events] == ["reset_peak"]
+
+
+def test_a_nested_session_must_have_the_same_memory_budget():
+    """memory= is part of the simulated GPU: a nested session with another budget is refused, the same one joins."""
+    with simulated_cuda(memory=64 * MiB, replace_real=True) as outer:
+        with pytest.raises(ValueError, match="same GPU"):
+            with simulated_cuda(memory=32 * MiB, replace_real=True):
+                pass
+        with simulated_cuda(memory=64 * MiB, replace_real=True) as inner:
+            torch.cuda.reset_peak_memory_stats()
+        assert inner.memory_events and outer.memory_events == inner.memory_events
+
+
+def test_out_of_memory_in_backward_keeps_its_type():
+    """An allocation refused inside backward raises torch.cuda.OutOfMemoryError out of backward()."""
+    with simulated_cuda(memory=24 * MiB, replace_real=True):
+        w = torch.randn(2048, 2048, device="cuda", requires_grad=True)  # 16 MiB
+        loss = (torch.randn(4, 2048, device="cuda") @ w).sum()
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            loss.backward()  # the 16 MiB gradient of w does not fit
 
 
 # ---- tensors on the simulated GPU ----------------------------------------------------------------------------------
@@ -632,7 +748,7 @@ def test_a_session_costs_little():
 
 def test_recording_only_mode_records_without_faking_and_restores(monkeypatch):
     """The real-GPU mode (exercised here on the CPU) fakes nothing, records autocast/backward/scaler, and restores."""
-    monkeypatch.setattr(simgpu, "_cycles_per_ms", lambda: 1.0)
+    monkeypatch.setattr(simgpu_runtime, "cycles_per_ms", lambda: 1.0)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     before = _patched_state()
     model = nn.Linear(8, 2)
