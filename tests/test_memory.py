@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from pathlib import Path
 
 import pytest
 import torch
@@ -171,9 +170,10 @@ def test_lesson_6_each_cure_lowers_the_peak(lessons):
     assert step_peak(64, set_to_none=False)[1] > between
 
 
-def test_autograde_round_trip(tmp_path: Path):
+@pytest.mark.roundtrip(ASSIGNMENT)
+def test_autograde_round_trip():
     """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
-    check_roundtrip(ASSIGNMENT, tmp_path)
+    check_roundtrip(ASSIGNMENT)
 
 
 # ---- on a real GPU (make test-gpu) ----------------------------------------------------------------------------------
