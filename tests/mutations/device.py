@@ -3,7 +3,19 @@
 Every variant is the solution cell with named replacements (`tests.mutations.changed`), so each differs from a
 correct answer in exactly the way its name says, and a change to a solution breaks this file loudly.
 """
+import inspect
+
+import torch
+
 from tests.mutations import Variant, changed
+
+# torch.accelerator arrived in torch 2.6, and current_accelerator's check_available in 2.7: the variants that use
+# them exist only where the installed torch has them.
+_ACCELERATOR_API = hasattr(torch, "accelerator")
+_CHECK_AVAILABLE = _ACCELERATOR_API and "check_available" in inspect.signature(
+    torch.accelerator.current_accelerator).parameters
+# The unchecked current_accelerator() is wrong only where it answers from the build: a CUDA build without a GPU.
+_BUILD_WITHOUT_GPU = _ACCELERATOR_API and torch.version.cuda is not None and not torch.cuda.is_available()
 
 NB = "01-device/device.ipynb"
 
@@ -61,20 +73,22 @@ VARIANTS = [
     else:
         found = torch.device("cuda") if torch.cuda.is_available() else None
 ''')), "checks MPS before CUDA"),
-    Variant("pick_device", "accelerator_not_checked", True, _pick(
+    *([Variant("pick_device", "accelerator_not_checked", True, _pick(
         ("torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None",
          "torch.accelerator.current_accelerator()")),
-            "current_accelerator() names what torch was built for: a CUDA build says cuda on a machine with no GPU"),
+            "current_accelerator() names what torch was built for: a CUDA build says cuda on a machine with no GPU")
+       ] if _BUILD_WITHOUT_GPU else []),
     Variant("pick_device", "value_error", True, _pick(("raise RuntimeError(", "raise ValueError(")),
             "raises ValueError instead of the RuntimeError the contract asks for"),
     Variant("pick_device", "vague_message", True, _pick((_RAISE, '        raise RuntimeError("device not available")')),
             "an error message that names neither the request nor what is available"),
     Variant("pick_device", "legacy_api", False, _pick((_ACCELERATOR, _LEGACY)),
             "torch.cuda and torch.backends.mps only, as on torch < 2.6"),
-    Variant("pick_device", "check_available", False, _pick(
+    *([Variant("pick_device", "check_available", False, _pick(
         ("torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None",
          "torch.accelerator.current_accelerator(check_available=True)")),
-            "torch >= 2.7: current_accelerator(check_available=True) returns None when none is usable"),
+            "torch >= 2.7: current_accelerator(check_available=True) returns None when none is usable")
+       ] if _CHECK_AVAILABLE else []),
     Variant("pick_device", "warns_on_cpu_fallback", False, _pick(
         ("def pick_device(", "import warnings\n\n\ndef pick_device("),
         (_DEFAULT, '''        if found is None:
