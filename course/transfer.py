@@ -1,26 +1,21 @@
-"""Moving data between the host and the GPU: loaders, nested batches, safe copies back, and copy bandwidth.
+"""Moving data between the host and the GPU: the lesson's measurements and the recorded figures behind them.
 
-Introduced in 02-transfer. The reference versions of the module's three exercises live here so that later
-notebooks can reuse them (`make_loader`, `to_device`, `copy_to_host`), next to the lesson's measurement helpers
-(`measure_h2d`, `pin_on_the_fly`, `SlowDataset`) and the recorded figures that stand in for a GPU on a CPU machine
-(`RECORDED_H2D`, `RECORDED_PIN_ON_THE_FLY`), each with its source.
+Introduced in 02-transfer. The module's three exercises (`make_loader`, `to_device`, `copy_to_host`) are the
+learner's to write, so they are not here. What is here: the measurement helpers (`measure_h2d`, `pin_on_the_fly`,
+timed with `torch.utils.benchmark.Timer`), a dataset with a known cost per sample (`SlowDataset`), and the recorded
+figures that stand in for a GPU on a CPU machine (`RECORDED_H2D`, `RECORDED_PIN_ON_THE_FLY`), each with its source.
 """
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 __all__ = [
-    "default_num_workers",
-    "make_loader",
-    "to_device",
-    "copy_to_host",
     "SlowDataset",
     "CopyFigure",
     "RECORDED_H2D",
@@ -43,73 +38,6 @@ def _as_device(device: Any, name: str = "device") -> torch.device:
                              f"pass e.g. 'cpu', 'cuda' or 'cuda:0'") from exc
     raise TypeError(f"{name} must be a torch.device or a string such as 'cuda', "
                     f"not {type(device).__name__} ({device!r})")
-
-
-def default_num_workers(cores: int | None = None) -> int:
-    """DataLoader workers to use by default: min(4, cores - 1), so 0 on one core and 1 on a two-core Colab.
-
-    One core stays free for the training loop itself; four workers are plenty for the course's small datasets.
-    `cores` defaults to os.cpu_count(). Introduced in 02-transfer.
-    """
-    cores = os.cpu_count() if cores is None else cores
-    return max(0, min(4, (cores or 1) - 1))
-
-
-def make_loader(
-    dataset: Dataset, device: Any, batch_size: int, shuffle: bool = True, num_workers: int | None = None
-) -> DataLoader:
-    """A DataLoader set up for `device`: pinned batches only for CUDA, workers by default, kept alive between epochs.
-
-    pin_memory is True exactly when the device is CUDA (pinning needs a CUDA driver and only helps copies to a
-    GPU); num_workers=None means default_num_workers(); persistent_workers is on exactly when there are workers.
-    Introduced in 02-transfer.
-    """
-    dev = _as_device(device)
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: pass a whole number of samples per batch, at least 1")
-    workers = default_num_workers() if num_workers is None else num_workers
-    if not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"num_workers={num_workers!r}: pass None (the default) or a whole number, 0 or more")
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers,
-                      pin_memory=dev.type == "cuda", persistent_workers=workers > 0)
-
-
-def to_device(batch: Any, device: Any) -> Any:
-    """`batch` with every tensor moved to `device`, inside tuples, lists and dicts, nested to any depth.
-
-    Non-tensors are returned as they are; lists and tuples keep their types (a namedtuple stays one), mappings come
-    back as dicts with the same keys in the same order; the input is not modified. Copies to CUDA are non_blocking
-    (safe: later GPU work on the stream waits for them); copies to the host are blocking, because a non_blocking
-    device-to-host copy may be read before it has landed.
-    Introduced in 02-transfer.
-    """
-    dev = _as_device(device)
-
-    def move(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return obj.to(dev, non_blocking=dev.type == "cuda")
-        if isinstance(obj, Mapping):
-            return {key: move(value) for key, value in obj.items()}
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple takes its fields positionally
-            return type(obj)(*(move(value) for value in obj))
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(move(value) for value in obj)
-        return obj
-
-    return move(batch)
-
-
-def copy_to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of `tensor` that is safe to read at once (on the CPU already: the tensor itself, detached).
-
-    A non_blocking device-to-host copy returns before the data has arrived; this one waits for the copy.
-    Introduced in 02-transfer.
-    """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"copy_to_host takes a tensor, not {type(tensor).__name__}")
-    if tensor.device.type == "cpu":
-        return tensor.detach()
-    return tensor.detach().to("cpu")  # blocking: returns once the bytes are in host memory
 
 
 class SlowDataset(Dataset):
@@ -187,38 +115,59 @@ def _host_bytes(n: int) -> torch.Tensor:
     return torch.full((n,), 1, dtype=torch.uint8)
 
 
-def measure_h2d(device: Any = "cuda", size_mib: int = 64, iters: int = 10, warmup: int = 2) -> CopyFigure:
-    """Host-to-device bandwidth in GB/s from pageable and from pinned memory, timed with course.timing.timed.
+def _median_ms(fn: Callable[[], Any], dev: torch.device, min_run_time: float) -> float:
+    """Median milliseconds per call of `fn`, from torch.utils.benchmark.Timer with a clock that waits for `dev`.
 
-    Each figure is `size_mib` MiB divided by the median time of one copy into a preallocated GPU tensor.
-    Introduced in 02-transfer.
+    The Timer warms up, then times blocks of calls and reports the median block. Its own clock synchronises the
+    accelerator it finds when the Timer is imported (older torch) or called (newer torch); this clock synchronises
+    `dev` itself, so that the simulated GPU of course.simgpu, which replaces torch.cuda.synchronize, is waited for too.
     """
-    from .timing import timed
+    import torch.utils.benchmark as benchmark
 
+    def clock() -> float:
+        torch.cuda.synchronize(dev)
+        return time.perf_counter()
+
+    timer = benchmark.Timer("fn()", globals={"fn": fn}, timer=clock, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
+
+
+def _check_time(min_run_time: Any) -> None:
+    if isinstance(min_run_time, bool) or not isinstance(min_run_time, (int, float)) or min_run_time <= 0:
+        raise ValueError(f"min_run_time={min_run_time!r}: pass the seconds to spend measuring, e.g. 0.2")
+
+
+def measure_h2d(device: Any = "cuda", size_mib: int = 64, min_run_time: float = 0.2) -> CopyFigure:
+    """Host-to-device bandwidth in GB/s from pageable and from pinned memory, on a CUDA device.
+
+    Each figure is `size_mib` MiB divided by the median time of one copy into a preallocated GPU tensor, measured
+    with torch.utils.benchmark.Timer for about `min_run_time` seconds. Introduced in 02-transfer.
+    """
     dev = _check_cuda(device)
+    _check_time(min_run_time)
     n = size_mib * 2**20
     pageable = _host_bytes(n)
     pinned = pageable.pin_memory()
     target = torch.empty(n, dtype=torch.uint8, device=dev)
     gbps = {}
     for name, source in (("pageable", pageable), ("pinned", pinned)):
-        t = timed(lambda src=source: target.copy_(src, non_blocking=True), dev, iters=iters, warmup=warmup)
-        gbps[name] = n / (t.median_ms / 1e3) / 1e9
+        ms = _median_ms(lambda src=source: target.copy_(src, non_blocking=True), dev, min_run_time)
+        gbps[name] = n / (ms / 1e3) / 1e9
     name = torch.cuda.get_device_name(dev)
-    method = f"course.transfer.measure_h2d, {size_mib} MiB, median of {iters}, torch {torch.__version__}"
+    method = (f"course.transfer.measure_h2d, {size_mib} MiB, median of torch.utils.benchmark blocks, "
+              f"torch {torch.__version__}")
     return CopyFigure(name, "this machine", round(gbps["pinned"], 2), round(gbps["pageable"], 2), method)
 
 
-def pin_on_the_fly(device: Any = "cuda", size_mib: int = 64, iters: int = 10, warmup: int = 2) -> dict[str, float]:
+def pin_on_the_fly(device: Any = "cuda", size_mib: int = 64, min_run_time: float = 0.2) -> dict[str, float]:
     """Median milliseconds of three ways to get a pageable tensor onto the GPU. Introduced in 02-transfer.
 
     "plain .to()": tensor.to(device); "pin_memory() then .to()": tensor.pin_memory().to(device, non_blocking=True),
     paying for the pinning every time; "already pinned": the copy alone from a tensor pinned once, as the
-    DataLoader's pinning thread delivers it.
+    DataLoader's pinning thread delivers it. Each is measured with torch.utils.benchmark.Timer.
     """
-    from .timing import timed
-
     dev = _check_cuda(device)
+    _check_time(min_run_time)
     pageable = _host_bytes(size_mib * 2**20)
     pinned = pageable.pin_memory()
     ways = {
@@ -226,7 +175,7 @@ def pin_on_the_fly(device: Any = "cuda", size_mib: int = 64, iters: int = 10, wa
         "pin_memory() then .to()": lambda: pageable.pin_memory().to(dev, non_blocking=True),
         "already pinned": lambda: pinned.to(dev, non_blocking=True),
     }
-    return {name: timed(fn, dev, iters=iters, warmup=warmup).median_ms for name, fn in ways.items()}
+    return {name: _median_ms(fn, dev, min_run_time) for name, fn in ways.items()}
 
 
 def format_figures(figures: list[CopyFigure] | tuple[CopyFigure, ...]) -> str:

@@ -5,6 +5,8 @@ course.simgpu (test_simgpu.py). What is checked here is the notebook itself.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -65,9 +67,87 @@ def test_the_t4_bf16_claim_holds_on_the_simulated_t4():
         assert torch.cuda.get_device_capability() < (8, 0)
 
 
+@pytest.mark.skipif(not hasattr(torch, "accelerator"), reason="torch.accelerator arrived in torch 2.6")
+def test_current_accelerator_names_the_build_not_what_is_usable():
+    """The lesson's trap: current_accelerator() answers from the build; is_available() from the machine."""
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has a usable accelerator; the trap shows only where none is")
+    if torch.version.cuda:  # a CUDA build without a GPU, like the course's CPU machines
+        assert torch.accelerator.current_accelerator() == torch.device("cuda")
+    try:
+        checked = torch.accelerator.current_accelerator(check_available=True)
+    except TypeError:
+        pytest.skip("check_available arrived in torch 2.7")
+    assert checked is None
+
+
+def test_simulated_gpu_answers_the_accelerator_api_like_a_real_one():
+    from course.simgpu import simulated_cuda
+
+    with simulated_cuda("T4", replace_real=True):
+        assert torch.cuda.is_available()
+        if hasattr(torch, "accelerator"):
+            assert torch.accelerator.is_available() and torch.accelerator.current_accelerator().type == "cuda"
+
+
 def test_meta_device_mixing_raises_as_the_lesson_says():
     with pytest.raises(RuntimeError):
         torch.randn(4, 3, device="meta") + torch.zeros(3)
+
+
+def test_library_holds_no_answer():
+    """No module of course defines a function or class under a graded name of this notebook."""
+    import importlib
+    import pkgutil
+
+    import course
+
+    for info in pkgutil.iter_modules(course.__path__):
+        module = importlib.import_module(f"course.{info.name}")
+        for name in GRADED:
+            assert not callable(getattr(module, name, None)), f"course.{info.name}.{name} does a graded function's job"
+
+
+def test_correct_variants_leave_no_warning_to_reach_stderr():
+    """Each test cell judges the warnings it catches, so nothing reaches stderr, where nbgrader would zero the cell."""
+    import warnings
+
+    from tests.harness import load_catalogue, run_function_tests
+
+    for v in load_catalogue(Path(__file__).parent / "mutations" / "device.py"):
+        if v.wrong:
+            continue
+        with warnings.catch_warnings(record=True) as escaped:
+            warnings.simplefilter("always")
+            results = run_function_tests(NOTEBOOK, v.function, v.source)
+        assert all(r.passed for r in results), (v.name, [r.error for r in results])
+        assert not escaped, f"{v.function}/{v.name}: {[str(w.message) for w in escaped]} escaped a test cell"
+
+
+def _warning_variant() -> list:
+    from tests.harness import load_catalogue
+
+    catalogue = Path(__file__).parent / "mutations" / "device.py"
+    return [v for v in load_catalogue(catalogue) if v.name == "warns_on_cpu_fallback"]
+
+
+@pytest.mark.roundtrip(ASSIGNMENT, variants=_warning_variant)
+def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
+    """nbgrader zeroes a test cell that writes to stderr; a correct pick_device that warns keeps every point."""
+    import warnings
+
+    from tests.harness import autograde_variants
+
+    [variant] = _warning_variant()
+    ns = {"torch": torch}
+    exec(variant.source, ns)  # noqa: S102 - a catalogue variant
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        ns["pick_device"]()
+    if not warned:
+        pytest.skip("the variant warns only where pick_device falls back to the CPU")
+    scores = autograde_variants(ASSIGNMENT, [variant])[variant.name]
+    assert scores and all(score == total > 0 for score, total in scores.values()), scores
 
 
 @pytest.mark.roundtrip(ASSIGNMENT)

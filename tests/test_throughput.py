@@ -1,7 +1,9 @@
-"""Notebook 03-throughput: its structure, and a real nbgrader round trip (solution: full marks; exercise: zero).
+"""Notebook 03-throughput: its structure, fair test cells, and a real nbgrader round trip (solution: full marks;
+exercise: zero).
 
-The timer it teaches lives in course/timing.py (tests/test_timing.py); the mutation catalogue in
-tests/mutations/throughput.py checks that the hidden tests catch the typical mistakes.
+The timer it teaches is the learner's exercise (time_gpu); tests/test_timing.py checks the lesson's timing claims
+with its solution cell. The mutation catalogue in tests/mutations/throughput.py checks that the hidden tests catch
+the typical mistakes.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def test_opens_with_the_colab_cell_and_the_setup_cell():
     code = [c for c in _cells() if c.cell_type == "code"]
     assert nbtools.grade_id(code[0]) == "colab_setup" and nbtools.nbgrader_meta(code[0]).get("locked")
     if COLAB_CELL.exists():  # the lead's brief; not part of a checkout
-        assert code[0].source.strip() == COLAB_CELL.read_text().strip(), "the Colab cell must be the shared one verbatim"
+        assert code[0].source.strip() == COLAB_CELL.read_text().strip(), (
+            "the Colab cell must be the shared one verbatim")
     assert nbtools.grade_id(code[1]) == "setup" and nbtools.nbgrader_meta(code[1]).get("locked")
 
 
@@ -49,7 +52,37 @@ def test_test_cells_restore_the_thread_count_and_leave_no_globals():
         if meta.get("grade"):
             name = f"__check_{meta['grade_id'].removeprefix('test_')}"
             assert f"def {name}():" in cell.source and f"{name}(); del {name}" in cell.source
-            assert "with num_threads(1):" in cell.source
+            assert "with num_threads(1)" in cell.source and "warnings.catch_warnings(record=True)" in cell.source
+
+
+def test_library_holds_no_answer():
+    """No module of course defines a function or class under a graded name of this notebook (issue 10)."""
+    import importlib
+    import pkgutil
+
+    import course
+
+    for info in pkgutil.iter_modules(course.__path__):
+        module = importlib.import_module(f"course.{info.name}")
+        for name in GRADED:
+            assert not callable(getattr(module, name, None)), f"course.{info.name}.{name} does a graded function's job"
+    assert not hasattr(importlib.import_module("course.timing"), "timed"), "course.timing.timed was time_gpu renamed"
+
+
+def test_correct_variants_leave_no_warning_to_reach_stderr():
+    """Each test cell judges the warnings it catches, so nothing reaches stderr, where nbgrader would zero the cell."""
+    import warnings
+
+    from tests.harness import load_catalogue, run_function_tests
+
+    for v in load_catalogue(Path(__file__).parent / "mutations" / "throughput.py"):
+        if v.wrong:
+            continue
+        with warnings.catch_warnings(record=True) as escaped:
+            warnings.simplefilter("always")
+            results = run_function_tests(NOTEBOOK, v.function, v.source)
+        assert all(r.passed for r in results), (v.name, [r.error for r in results])
+        assert not escaped, f"{v.function}/{v.name}: {[str(w.message) for w in escaped]} escaped a test cell"
 
 
 @pytest.mark.roundtrip(ASSIGNMENT)
