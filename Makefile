@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-gpu install sandbox lint release check grade bench clean
+.PHONY: lab test test-gpu install sandbox browser lint release check grade bench clean
 
 install: $(STAMP)
 
@@ -28,11 +28,19 @@ sandbox:
 	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; }; } || \
 	  echo "bubblewrap is not installed: grading will NOT be isolated (see grader/sandbox.py)"
 
+# Chromium for tests/test_browser.py, which drives JupyterLab with Playwright (installed by the dev extra) through the
+# system browser: Playwright's own browser download cannot work offline. Without it those tests are skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	  { apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }; }; } || \
+	  echo "chromium is not installed: the browser tests (tests/test_browser.py) will be skipped"
+
 # .venv/bin goes first on PATH: Formgrader runs `alembic` (its gradebook migrations) by name.
 lab: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
-test: install sandbox lint
+test: install sandbox browser lint
 	$(PY) -m pytest -rs --durations=10 $(PYTEST_ARGS)
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
