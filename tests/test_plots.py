@@ -40,6 +40,43 @@ def test_bar_chart_draws_into_a_given_axes_and_refuses_nothing_to_draw():
         plots.bar_chart({}, ylabel="y")
 
 
+def _overlapping(ax) -> bool:
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    return any(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:], strict=False))
+
+
+def test_bar_chart_keeps_long_labels_in_a_narrow_panel_apart():
+    """GPU names side by side in the 04 explorer's third panel ran into each other ("A100 (8.0)H100 SXM (9.0)")."""
+    names = {"T4 (7.5)": 65.0, "A100 (8.0)": 312.0, "H100 SXM (9.0)": 989.0, "L4 (8.9)": 121.0}
+    _, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    plain = axes[0]
+    plain.bar(list(names), list(names.values()))  # what bar_chart drew before: the labels do collide here
+    assert _overlapping(plain), "the panel is not narrow enough to show the problem"
+    ax = plots.bar_chart(names, ylabel="TFLOPS", ax=axes[2])
+    assert not _overlapping(ax)
+    assert [t.get_text().replace("\n", " ") for t in ax.get_xticklabels()] == list(names)  # same words, wrapped
+    short = plots.bar_chart({"fp32": 1.0, "bf16": 2.0}, ylabel="ms", ax=axes[1])
+    assert [t.get_text() for t in short.get_xticklabels()] == ["fp32", "bf16"]  # short labels stay as they are
+
+
+def test_progress_counts_items_and_removes_a_bar_stopped_by_an_error(capsys):
+    with plots.progress([1, 2, 3], desc="fine") as each:
+        seen = list(each)
+    assert seen == [1, 2, 3]
+    assert "3/3" in capsys.readouterr().err
+    with pytest.raises(NotImplementedError), plots.progress(range(4), desc="unsolved") as each:
+        for _ in each:
+            raise NotImplementedError
+    err = capsys.readouterr().err
+    assert "0/4" in err and err.rstrip("\r").split("\r")[-1].strip() == "", \
+        f"the stopped bar was left on screen (its last drawing is not a blank line): {err!r}"
+    with plots.progress(total=2, desc="by hand") as bar:
+        bar.update()
+        bar.update()
+    assert "2/2" in capsys.readouterr().err
+
+
 def test_throughput_plot_one_line_per_series_on_a_log2_axis():
     sizes = [32, 64, 128, 256]
     series = {"cpu": [100.0, 180.0, 250.0, 260.0], "cuda": [900.0, 1700.0, 3000.0, None]}
