@@ -245,6 +245,9 @@ def check_outputs(page, panel_id: str, nb: dict, name: str, *, solved: bool) -> 
     if shown - widget_imgs != sent:
         problems.append(f"the kernel sent {sent} plots, the page shows {shown - widget_imgs} as images")
     # Widgets: controls, never an error box or a text repr.
+    stuck = page.locator(f"#{panel_id} .widget-hprogress .progress-bar-danger")
+    if stuck.count():  # tqdm paints a bar that a failing loop stopped red and leaves it on screen ("0% 0/4")
+        problems.append(f"{stuck.count()} progress bar(s) left on screen, stopped part-way")
     errors = page.locator(f"#{panel_id}", has_text="Error displaying widget").count()
     if errors:
         problems.append("a widget shows 'Error displaying widget'")
@@ -292,8 +295,9 @@ def explore(page, panel_id: str, name: str) -> list[str]:
                                    timeout=120_000, polling=500)
         except Exception:  # noqa: BLE001  (a timeout: reported as a problem below, with the screenshot)
             problems.append(f"moving a control of explorer {k} did not change its output: {outputs()[:300]}")
-        cell.scroll_into_view_if_needed()
-        cell.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}-explorer-{k}.png"))
+        shown = cell.locator(".jp-Cell-outputWrapper")
+        shown.scroll_into_view_if_needed()
+        shown.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}-explorer-{k}.png"))
     return problems
 
 
