@@ -18,6 +18,7 @@ _SUBMODULES = (
     "checks",
     "compile",
     "data",
+    "distributed",
     "env",
     "models",
     "parity",
