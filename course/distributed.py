@@ -43,6 +43,7 @@ __all__ = ["free_port", "RankResult", "Ranks", "ranks", "write_script", "torchru
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STARTUP_TIMEOUT_S = 180.0
+_DIED = "the worker process died (its log says why)"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -151,7 +152,9 @@ class Ranks:
     def start(self) -> None:
         """Start the workers (done by the first `run`) and wait until each has imported torch."""
         if self._procs:
-            return
+            if all(proc.poll() is None for proc in self._procs):
+                return
+            self._stop_now()  # a worker died since the last job: start them all again
         self._folder = tempfile.TemporaryDirectory(prefix="ranks-")
         env, code = self._env(), "import sys; from course.distributed import _serve; _serve(int(sys.argv[1]))"
         for rank in range(self.world_size):
@@ -216,10 +219,27 @@ class Ranks:
                             f"({type(exc).__name__}: {exc}); pass functions, numbers, tensors and datasets") from exc
         self.start()
         offsets = [log.stat().st_size for log in self._logs]
-        for conn, message in zip(self._conns, payload, strict=True):
-            conn.send_bytes(message)
         limit = self.timeout if timeout is None else timeout
-        deadline, results = time.monotonic() + limit, {}
+        try:
+            for conn, message in zip(self._conns, payload, strict=True):
+                conn.send_bytes(message)
+            results, stuck = self._collect(time.monotonic() + limit)
+        except BaseException:  # an interrupted cell: workers in the middle of a job are of no further use
+            self._stop_now()
+            raise
+        logs = [self._read_log(rank, offsets[rank]) for rank in range(self.world_size)]
+        for rank in stuck:
+            results[rank] = RankResult(rank, error=f"TimeoutError: rank {rank} was still running after {limit:g} s "
+                                       "(stopped)", timed_out=True, seconds=limit)
+        if stuck or any(r.error == _DIED for r in results.values()):
+            self._stop_now()  # the next job starts fresh workers
+        for rank, result in results.items():
+            result.log = logs[rank]
+        return [results[rank] for rank in range(self.world_size)]
+
+    def _collect(self, deadline: float) -> tuple[dict[int, RankResult], list[int]]:
+        """The replies that arrive before `deadline`, and the ranks that are still running then."""
+        results: dict[int, RankResult] = {}
         waiting = dict(zip(self._conns, range(self.world_size), strict=True))
         while waiting:
             ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
@@ -230,16 +250,8 @@ class Ranks:
                 try:
                     results[rank] = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    results[rank] = RankResult(rank, error="the worker process died (see its log)")
-        logs = [self._read_log(rank, offsets[rank]) for rank in range(self.world_size)]
-        if waiting:  # some ranks are stuck: stop them all, the next job starts fresh workers
-            for rank in waiting.values():
-                results[rank] = RankResult(rank, error=f"TimeoutError: rank {rank} was still running after "
-                                           f"{limit:g} s (stopped)", timed_out=True, seconds=limit)
-            self._stop_now()
-        for rank, result in results.items():
-            result.log = logs[rank]
-        return [results[rank] for rank in range(self.world_size)]
+                    results[rank] = RankResult(rank, error=_DIED)
+        return results, sorted(waiting.values())
 
     def values(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """`run`, then the values in rank order; raises RuntimeError with the first failing rank's traceback."""

@@ -113,6 +113,19 @@ def test_ranks_stop_a_job_at_its_timeout_and_start_again(group):
     assert group.values(_sleep, 0) == [0, 1] and group.starts == starts + 1
 
 
+def _die_on_rank1(rank):
+    if rank == 1:
+        os._exit(3)  # a crash that takes the process with it (sys.exit would only raise SystemExit)
+    return rank
+
+
+def test_a_worker_that_dies_is_reported_and_replaced(group):
+    starts = group.starts
+    results = group.run(_die_on_rank1, timeout=30)
+    assert results[0].ok and not results[1].ok and "died" in results[1].error
+    assert group.values(_whoami)[1][0] == 1 and group.starts == starts + 1
+
+
 def test_ranks_refuse_bad_arguments():
     import threading
 
