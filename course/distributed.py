@@ -137,6 +137,7 @@ class Ranks:
         self._logs: list[Path] = []
         self._folder: tempfile.TemporaryDirectory | None = None
         self.starts = 0  # how many times the workers were started (each start pays for importing torch)
+        self._started_at, self._ready = 0.0, False
 
     # ---- the workers ------------------------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
@@ -149,11 +150,17 @@ class Ranks:
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
 
-    def start(self) -> None:
-        """Start the workers (done by the first `run`) and wait until each has imported torch."""
+    def start(self, wait: bool = True) -> None:
+        """Start the workers (the first `run` does) and wait until each has imported torch.
+
+        `wait=False` returns at once, so that the workers import torch while the caller goes on; the next `run`
+        waits for them.
+        """
+        if self._procs and all(proc.poll() is None for proc in self._procs):
+            if wait:
+                self._wait_ready()
+            return
         if self._procs:
-            if all(proc.poll() is None for proc in self._procs):
-                return
             self._stop_now()  # a worker died since the last job: start them all again
         self._folder = tempfile.TemporaryDirectory(prefix="ranks-")
         env, code = self._env(), "import sys; from course.distributed import _serve; _serve(int(sys.argv[1]))"
@@ -169,12 +176,20 @@ class Ranks:
             self._conns.append(Connection(ours.detach()))
             self._logs.append(log)
         self.starts += 1
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        self._started_at, self._ready = time.monotonic(), False
+        if wait:
+            self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        deadline = self._started_at + STARTUP_TIMEOUT_S
         for rank, conn in enumerate(self._conns):
             if not conn.poll(max(0.0, deadline - time.monotonic())) or conn.recv_bytes() != b"ready":
                 text = self._logs[rank].read_text(errors="replace")[-2000:]
-                self.close()
+                self._stop_now()
                 raise RuntimeError(f"worker {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s:\n{text}")
+        self._ready = True
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and delete their logs."""
