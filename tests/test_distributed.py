@@ -1,6 +1,6 @@
 """course/distributed.py and the 08-distributed notebook: the process helpers, the lesson's claims, layout, autograde.
 
-Every test that needs processes shares one `Ranks(2)` (starting workers costs a torch import each).
+Every test that needs processes shares the process's `ranks(2)` (starting workers costs a torch import each).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from course.distributed import Ranks, checkup, free_port, torchrun, write_script
+from course.distributed import Ranks, checkup, free_port, ranks, torchrun, write_script
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
 from tests.harness import check_roundtrip
 
@@ -25,8 +25,8 @@ GRADED = ("init_distributed", "all_reduce_mean", "shard_loader", "save_on_rank0"
 
 @pytest.fixture(scope="module")
 def group():
-    with Ranks(2, timeout=60) as ranks:
-        yield ranks
+    """The process's shared Ranks(2), the one the notebook's cells and test cells use (closed at exit)."""
+    return ranks(2)
 
 
 @pytest.fixture(scope="module")
