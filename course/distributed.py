@@ -225,6 +225,15 @@ class Ranks:
         a free MASTER_PORT, as under torchrun; without it only MASTER_ADDR and MASTER_PORT, as under
         torch.multiprocessing.spawn. `env` adds variables for this job only.
         """
+        for _ in range(3):
+            results = self._run_once(fn, args, kwargs, timeout, rank_env, env)
+            # Another program took the port between free_port() and rank 0's bind: the job never ran; a new port.
+            if not any(r.error and "EADDRINUSE" in r.error for r in results):
+                break
+        return results
+
+    def _run_once(self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None, rank_env: bool,
+                  env: dict[str, str] | None) -> list[RankResult]:
         port = free_port()  # a fresh rendezvous port for every job: the last job's may not be released yet
         try:
             payload = [cloudpickle.dumps((fn, rank, args, kwargs, self._job_env(rank, port, rank_env, env)))

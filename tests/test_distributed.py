@@ -126,6 +126,26 @@ def test_a_worker_that_dies_is_reported_and_replaced(group):
     assert group.values(_whoami)[1][0] == 1 and group.starts == starts + 1
 
 
+def test_a_port_taken_before_rank0_binds_it_is_retried(group, monkeypatch):
+    """free_port() and rank 0's bind are moments apart; another program can take the port in between."""
+    import socket
+
+    import course.distributed
+
+    taken = socket.create_server(("127.0.0.1", 0))  # listens and never answers, like somebody else's server
+    real, picks = course.distributed.free_port, []
+
+    def first_taken(host="127.0.0.1"):
+        picks.append(host)
+        return taken.getsockname()[1] if len(picks) == 1 else real(host)
+
+    monkeypatch.setattr(course.distributed, "free_port", first_taken)
+    try:
+        assert group.values(_leave_group_open, timeout=10) == [2, 2] and len(picks) == 2
+    finally:
+        taken.close()
+
+
 def test_ranks_refuse_bad_arguments():
     import threading
 
