@@ -85,7 +85,12 @@ def _serve(fd: int) -> None:
             message = conn.recv_bytes()
         except EOFError:
             return
-        job = pickle.loads(message)
+        try:
+            job = pickle.loads(message)
+        except Exception as exc:  # noqa: BLE001 - e.g. a function that needs a module the worker cannot import
+            conn.send_bytes(cloudpickle.dumps(RankResult(-1, error=f"the job could not be unpacked in the worker: "
+                                                                  f"{type(exc).__name__}: {exc}")))
+            continue
         if job is None:
             return
         fn, rank, args, kwargs, env = job
@@ -273,6 +278,7 @@ class Ranks:
                 rank = waiting.pop(conn)
                 try:
                     results[rank] = pickle.loads(conn.recv_bytes())
+                    results[rank].rank = rank
                 except (EOFError, OSError):
                     results[rank] = RankResult(rank, error=_DIED)
         return results, sorted(waiting.values())

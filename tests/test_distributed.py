@@ -146,6 +146,19 @@ def test_a_port_taken_before_rank0_binds_it_is_retried(group, monkeypatch):
         taken.close()
 
 
+def test_a_job_the_workers_cannot_unpack_is_reported(group, monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("only_in_this_process")
+    exec("def times_ten(rank):\n    return rank * 10\n", module.__dict__)  # noqa: S102 - a tiny test module
+    monkeypatch.setitem(sys.modules, "only_in_this_process", module)
+    results = group.run(module.times_ten)
+    assert [r.rank for r in results] == [0, 1]
+    assert all("could not be unpacked" in r.error and "only_in_this_process" in r.error for r in results)
+    assert group.values(_whoami)[1][0] == 1, "the workers did not survive"
+
+
 def test_ranks_refuse_bad_arguments():
     import threading
 
