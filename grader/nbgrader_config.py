@@ -15,7 +15,8 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
 
 # Cell timeout in seconds. The slowest cells are a first torch.compile on CPU (8-27 s on a 2-core machine,
-# measured on the machines used to build this course) and the capstone's short training run; 180 s leaves room for a busy grader.
+# measured on the machines used to build this course) and the capstone's short training run; 180 s leaves room for a
+# busy grader.
 c.Execute.timeout = 180
 c.Execute.interrupt_on_timeout = True
 

@@ -121,10 +121,10 @@ def autograde_roundtrip(assignment: str, root: Path) -> dict[str, dict[str, tupl
     """
     import shutil
 
-    from grader.nbtools import cell_scores, generate, make_course, nbgrader
+    from grader.nbtools import SOLUTIONS, cell_scores, nbgrader
+    from grader.release import generate
 
-    make_course(root, [assignment])
-    released = generate(root, assignment)
+    released = generate([assignment], SOLUTIONS, root) / assignment
     for student, folder in (("solution", root / "solutions" / assignment), ("exercise", released)):
         dest = root / "submitted" / student / assignment
         dest.mkdir(parents=True)
@@ -156,10 +156,10 @@ def with_variant(notebook: Path, variant: Variant) -> nbformat.NotebookNode:
 
 def autograde_variants(assignment: str, variants: list[Variant], root: Path) -> dict[str, dict[str, tuple[float, float]]]:
     """Autograde one submission per variant with real nbgrader; returns {variant name: {grade_id: (score, max)}}."""
-    from grader.nbtools import cell_scores, generate, make_course, nbgrader
+    from grader.nbtools import SOLUTIONS, cell_scores, nbgrader
+    from grader.release import generate
 
-    make_course(root, [assignment])
-    generate(root, assignment)
+    generate([assignment], SOLUTIONS, root)
     for v in variants:
         for notebook in (root / "solutions" / assignment).glob("*.ipynb"):
             dest = root / "submitted" / v.name / assignment
