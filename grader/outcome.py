@@ -74,6 +74,14 @@ def incidents(nb: nbformat.NotebookNode, notebook: str, memory_limit: int = 0) -
                 if code == "memory-limit" and memory_limit and "limit of" not in detail:
                     detail += f" (the memory limit is {memory_limit / GiB:.2f} GiB)"
                 notes.append(Note(code, detail, notebook, grade_id(cell)))
+        stderr = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                         if o.get("output_type") == "stream" and o.get("name") == "stderr").strip()
+        if not _errors(cell) and stderr and out_of_memory(stderr.splitlines()[-1], ""):
+            # the allocation failed inside IPython's own machinery: the traceback came out as plain text
+            detail = f"{label}: {_clean(stderr.splitlines()[-1])}"
+            if memory_limit:
+                detail += f" (the memory limit is {memory_limit / GiB:.2f} GiB)"
+            notes.append(Note("memory-limit", detail, notebook, grade_id(cell)))
         if any(mark in o.get("text", "") for o in cell.get("outputs", []) for mark in OUTPUT_MARKS):
             notes.append(Note("output-truncated", f"{label} printed too much; its output was cut", notebook,
                               grade_id(cell)))

@@ -434,9 +434,13 @@ def test_honest_class_graded_inside_matches_outside(graded):
 
 # ---- more ------------------------------------------------------------------------------------------------------
 @needs_sandbox
-def test_removing_the_guard_fails_the_notebook(tmp_path):
+@pytest.mark.parametrize("first", ["", "raise MemoryError()"])
+def test_removing_the_guard_fails_the_notebook(tmp_path, first):
+    """Also after a MemoryError the kernel raised itself (only a real shortage excuses a silent guard)."""
     async def go():
         async with _kernel(tmp_path / "autograded" / "hooks" / "ps1") as (km, kc):
+            if first:
+                await _run(kc, first)
             await _run(kc, "ip = get_ipython()\nfor cbs in ip.events.callbacks.values():\n    cbs.clear()")
             await _run(kc, "x = 1")
     with pytest.raises(sandbox.SandboxIntegrityError, match="hooks were removed"):

@@ -99,6 +99,7 @@ class KernelSandbox:
         self.pid: int | None = None
         self.hit: dict | None = None               # the limit that stopped the kernel: {"kind", "reason"}
         self.memory_error: str | None = None       # an allocation failed at the memory limit (the kernel lived on)
+        self.peak_memory = 0                       # the most resident memory the watchdog saw, bytes
         self.flags: list[str] = []
         self.executes = self.posts = self.test_failures = 0
         self.ready = False
@@ -231,6 +232,7 @@ class KernelSandbox:
             if len(pids) <= 1 and not os.path.exists(f"/proc/{self.pid}"):
                 return
             tasks, mem, cpu = usage(pids)
+            self.peak_memory = max(self.peak_memory, mem)
             if lim.processes and tasks >= lim.processes:
                 self.limit_hit("processes", f"{tasks} processes and threads reached the limit of {lim.processes} "
                                "(a fork bomb?)")
@@ -334,7 +336,8 @@ class KernelSandbox:
             return None
         if self.ready and self.posts >= self.executes:
             return None
-        if self.memory_error and self.ready:
+        if self.memory_error and self.ready and self.peak_memory >= 0.75 * self.limits.memory:
+            # the guard's own hooks failed for want of memory: a real shortage (seen by the watchdog), not a raise
             self.km.sandbox_event("integrity", reason=f"the guard missed {self.executes - self.posts} of "
                                   f"{self.executes} cells after {self.memory_error}; graded", graded=True)
             return None
