@@ -326,6 +326,20 @@ def test_kernel_gets_its_thread_share_limits_and_ipc_transport(tmp_path):
     assert not list((tmp_path / "rt").iterdir()), "connection file and ipc sockets left behind"
 
 
+def test_sizes_are_read_one_way_everywhere():
+    """`--memory`, `--max-file-size` and GRADER_SANDBOX_* all go through grader.limits.parse_size."""
+    from grader.limits import Limits, parse_size
+
+    assert [parse_size(t) for t in ("4G", "1.5GiB", "512M", "64k", "2GB", "1000", 7)] == [
+        4 * 2**30, 3 * 2**29, 2**29, 2**16, 2**31, 1000, 7]
+    with pytest.raises(ValueError, match="not a size: '1.5 gigs'"):
+        parse_size("1.5 gigs")
+    limits = Limits.from_env({"GRADER_SANDBOX_MEMORY": "1.5GiB", "GRADER_SANDBOX_CPU": "60"}, processes=9)
+    assert (limits.memory, limits.cpu, limits.processes, limits.watchdog_memory) == (3 << 29, 60, 9, 15 << 27)
+    assert limits.rlimits(per_kernel_uid=False) == {"core": 0, "data": 3 << 29, "cpu": 60, "fsize": limits.disk}
+    assert limits.rlimits(per_kernel_uid=True)["nproc"] == 9
+
+
 # ---------------------------------------------------------------- release and check
 
 def test_release_refuses_leaks_and_check_validates(tmp_path):
