@@ -17,9 +17,9 @@ from traitlets import Enum, Float, Int, List, Unicode, default
 
 from grader.kernel import GraderKernelManager, launch_command
 from grader.limits import Limits, parse_size
-from grader.sandbox import probe
 from grader.sandbox.box import KernelSandbox
 from grader.sandbox.client import instrument
+from grader.sandbox.probe import UID_BASE, status, warn_unisolated
 
 
 class SandboxUnavailable(RuntimeError):
@@ -61,7 +61,7 @@ class SandboxedKernelManager(GraderKernelManager):
     pass_env = List(Unicode(), help="More environment variables (or PREFIX*) passed into the sandbox.").tag(
         config=True)
     gpu = Enum(["auto", "on", "off"], "auto", help="Bind /dev/nvidia* (auto: when present).").tag(config=True)
-    uid_base = Int(probe.UID_BASE, help="Root mode: kernels run as uid_base + slot.").tag(config=True)
+    uid_base = Int(UID_BASE, help="Root mode: kernels run as uid_base + slot.").tag(config=True)
     identity = Enum(["auto", "userns"], "auto", help="auto: as root, each kernel gets a uid of its own; otherwise "
                     "(or with userns) a user namespace that cannot make further namespaces.").tag(config=True)
     watch_interval = Float(0.1, help="Seconds between watchdog checks.").tag(config=True)
@@ -114,11 +114,11 @@ class SandboxedKernelManager(GraderKernelManager):
         mode = self.sandbox
         if mode == "off":
             return await super()._async_pre_start_kernel(**kw)
-        ok, reason = probe.status()
+        ok, reason = status()
         if not ok:
             if mode == "require":
                 raise SandboxUnavailable(f"GRADER_SANDBOX=require, but {reason}")
-            probe.warn_unisolated(self.log, reason)
+            warn_unisolated(self.log, reason)
         self._sb = sb = KernelSandbox(self, ok, kw.get("cwd"))
         if ok:
             self.transport = "ipc"
