@@ -4,9 +4,9 @@ Every kernel `SandboxedKernelManager` starts runs under bubblewrap (`bwrap`):
 
 - files (`mounts`): the kernel's working directory (nbgrader's autograded/<student>/<assignment>) read-write, its
   notebooks replaced by empty files (they hold the hidden tests); the virtual environment, the base Python, the
-  `course` package, the dataset cache and the run's warm compile cache read-only; /usr and a few /etc files; a private
-  /tmp, /dev/shm and home. The repository, the gradebook, other students' folders and the instructor's home do not
-  exist inside.
+  `course` package and the dataset cache read-only; /usr and a few /etc files; a private /tmp, /dev/shm and home
+  (with a private torch.compile cache that starts as the run's warm cache). The repository, the gradebook, other
+  students' folders and the instructor's home do not exist inside.
 - network: none (own network namespace). The kernel talks to the grader over ipc (Unix sockets) in a private
   folder bound into the sandbox.
 - identity: when the grader runs as root, a uid of its own per kernel (UID_BASE + slot) with no capabilities and

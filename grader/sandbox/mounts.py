@@ -1,9 +1,10 @@
 """What a sandboxed kernel sees: the bwrap mount plan, its environment, its uid, and the handover of the working copy.
 
 The kernel sees its working copy read-write (its notebooks replaced by empty files: they hold the hidden tests); the
-virtual environment, the base Python, the `course` package, the dataset cache and, when the run prepared one, the
-warm compile cache read-only; /usr and a few /etc files; a private /tmp, /dev/shm and home. In root mode the working
-copy belongs to the kernel's uid while it runs and goes back to its owners, cleaned of links and special files.
+virtual environment, the base Python, the `course` package and the dataset cache read-only; /usr and a few /etc
+files; a private /tmp, /dev/shm and home, its torch.compile cache in that home starting as the run's warm cache when
+there is one (grader.compile_cache). In root mode the working copy belongs to the kernel's uid while it runs and goes
+back to its owners, cleaned of links and special files.
 """
 from __future__ import annotations
 
