@@ -208,8 +208,11 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
     if options.compile_cache and todo:
         from grader.compile_cache import prepare
 
-        warm = prepare(ws.root / "compile-cache", ws.root / "solutions", sorted({u.assignment for u in todo}),
-                       threads=options.threads(), memory=options.kernel_memory(), echo=echo)
+        try:
+            warm = prepare(ws.root / "compile-cache", ws.root / "solutions", sorted({u.assignment for u in todo}),
+                           threads=options.threads(), memory=options.kernel_memory(), echo=echo)
+        except Exception as exc:  # noqa: BLE001 - a cold cache costs time, never grades
+            echo(f"warning: no warm compile cache ({type(exc).__name__}: {exc}); every kernel compiles from scratch")
     jobs = []
     for unit in todo:
         course = ws.work / "units" / f"{unit.student}--{unit.assignment}"
