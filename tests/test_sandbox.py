@@ -519,6 +519,37 @@ def test_isolation_details_and_interrupts(tmp_path, monkeypatch):
 
 
 @needs_sandbox
+def test_warm_compile_cache_is_read_and_never_written(tmp_path):
+    """A kernel starts with the warm cache in its TORCHINDUCTOR_CACHE_DIR; what it writes there stays its own."""
+    from grader.compile_cache import freeze
+
+    warm = tmp_path / "warm"
+    (warm / "fxgraph").mkdir(parents=True)
+    (warm / "fxgraph" / "entry").write_text("compiled")
+    freeze(warm)
+
+    async def go():
+        async with _kernel(tmp_path / "autograded" / "cc" / "ps1", compile_cache=str(warm)) as (km, kc):
+            return await _run(kc, """
+                import os, pathlib
+                cache = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+                entry = cache / "fxgraph" / "entry"
+                print(entry.read_text())
+                try:
+                    entry.write_text("poisoned")
+                except OSError:
+                    entry.unlink()                      # a private layer: its own name for the file, at most
+                    entry.write_text("poisoned")
+                (cache / "fxgraph" / "mine").write_text("new")
+                print(sorted(p.name for p in (cache / "fxgraph").iterdir()))
+                """)
+    status, out = asyncio.run(go())
+    assert status == "ok" and out.split("\n")[:2] == ["compiled", "['entry', 'mine']"], out
+    assert sorted(p.name for p in (warm / "fxgraph").iterdir()) == ["entry"]
+    assert (warm / "fxgraph" / "entry").read_text() == "compiled"
+
+
+@needs_sandbox
 def test_user_namespace_identity(tmp_path):
     """identity=userns (what a non-root grader gets): uid 1000 inside, and no further namespaces."""
     async def go():
