@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -98,6 +99,39 @@ def prepare(store: Path, source_root: Path, assignments: list[str], *, threads: 
     echo(f"compile cache: warmed from {len(notebooks)} solution notebook(s) in {time.monotonic() - started:.0f} s "
          f"({sum(p.stat().st_size for p in warm.rglob('*') if p.is_file()) / 2**20:.0f} MiB)")
     return warm
+
+
+class Warming:
+    """`prepare` in a background thread, so that the students of other assignments are graded meanwhile: the warm
+    cache's path is known at once, its contents once `done` is set (on failure the kernels simply start cold)."""
+
+    def __init__(self, store: Path, source_root: Path, assignments: list[str], *, threads: int, memory: int,
+                 echo=print) -> None:
+        notebooks = compiling(source_root, assignments)
+        self.assignments = {nb.parent.name for nb in notebooks}
+        self.path = store / _key(notebooks, threads) if notebooks else None
+        self.done = threading.Event()
+        if self.path is None:
+            self.done.set()
+            return
+
+        def run() -> None:
+            try:
+                prepare(store, source_root, sorted(self.assignments), threads=threads, memory=memory, echo=echo)
+            except Exception as exc:  # noqa: BLE001 - a cold cache costs time, never grades
+                echo(f"warning: no warm compile cache ({type(exc).__name__}: {exc}); kernels compile from scratch")
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="compile-cache", daemon=True).start()
+
+    def cache_for(self, assignment: str) -> str:
+        """The warm cache a kernel of `assignment` starts from ("" when the assignment does not compile)."""
+        return str(self.path) if assignment in self.assignments else ""
+
+    def waits(self, cache: str) -> bool:
+        """Whether a job with this cache must wait (the cache is still being made)."""
+        return bool(cache) and not self.done.is_set()
 
 
 def run_in_sandbox(notebook: Path, *, threads: int, memory: int, export: Path | None = None,

@@ -204,15 +204,13 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
             todo.append(unit)
     if report.skipped:
         echo(f"{len(report.skipped)} submissions already graded (unchanged); {len(todo)} to grade")
-    warm = None
+    warming = None
     if options.compile_cache and todo:
-        from grader.compile_cache import prepare
+        from grader.compile_cache import Warming
 
-        try:
-            warm = prepare(ws.root / "compile-cache", ws.root / "solutions", sorted({u.assignment for u in todo}),
-                           threads=options.threads(), memory=options.kernel_memory(), echo=echo)
-        except Exception as exc:  # noqa: BLE001 - a cold cache costs time, never grades
-            echo(f"warning: no warm compile cache ({type(exc).__name__}: {exc}); every kernel compiles from scratch")
+        warming = Warming(ws.root / "compile-cache", ws.root / "solutions", sorted({u.assignment for u in todo}),
+                          threads=options.threads(), memory=options.kernel_memory(), echo=echo)
+        todo.sort(key=lambda u: u.assignment in warming.assignments)   # those that compile last: they wait for it
     jobs = []
     for unit in todo:
         course = ws.work / "units" / f"{unit.student}--{unit.assignment}"
@@ -221,7 +219,7 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
                                memory=options.kernel_memory(), file_size=options.file_size,
                                threads=options.threads(), transport=options.transport,
                                cell_timeout=options.cell_timeout, notebook_timeout=options.notebook_timeout,
-                               compile_cache=str(warm or ""))))
+                               compile_cache=warming.cache_for(unit.assignment) if warming else "")))
     notebooks = max((len(list((source_root / u.assignment).glob("*.ipynb"))) for u in todo), default=1)
     limit = notebooks * (options.notebook_timeout + 120) + 120
     total = len(todo)
@@ -264,7 +262,7 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
                  + (f"  ({', '.join(codes)})" if codes else "") + f"  {result['seconds']:.1f} s")
 
         try:
-            pool.run(jobs, limit, on_result)
+            pool.run(jobs, limit, on_result, hold=lambda job: warming is not None and warming.waits(job.compile_cache))
         except KeyboardInterrupt:
             echo(f"interrupted: {len(report.graded)} submissions graded and saved; run again to resume")
             raise

@@ -117,13 +117,16 @@ class Pool:
         index = self.workers.index(worker)
         self.workers[index] = self._spawn(index)
 
-    def run(self, jobs: list[tuple[object, Job]], limit: float, on_result) -> None:
-        """Run (key, job) pairs; on_result(key, reply) gets {"ok": True} or {"ok": False, "error": ...}."""
+    def run(self, jobs: list[tuple[object, Job]], limit: float, on_result, hold=None) -> None:
+        """Run (key, job) pairs in order, skipping for now those `hold(job)` holds back; on_result(key, reply) gets
+        {"ok": True} or {"ok": False, "error": ...}."""
         pending = deque(jobs)
         while pending or any(w.job is not None for w in self.workers):
             for worker in self.workers:
-                if worker.job is None and pending:
-                    worker.start(*pending.popleft(), limit)
+                ready = next((item for item in pending if hold is None or not hold(item[1])), None)
+                if worker.job is None and ready is not None:
+                    pending.remove(ready)
+                    worker.start(*ready, limit)
             for selected, _ in self.selector.select(timeout=0.5):
                 worker = selected.data
                 line = worker.proc.stdout.readline()
