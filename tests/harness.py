@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import io
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,7 @@ if __name__ == "__main__":
 _PLANNED: dict[str, list[Variant]] = {}
 _GRADED: dict[str, dict | BaseException] = {}
 _SCRATCH: list[Path] = []
+_RELEASING = threading.Lock()
 
 
 def plan(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) -> None:
@@ -143,11 +145,12 @@ def _scratch() -> Path:
 def _grade(assignment: str, variants: list[Variant]) -> dict:
     import shutil
 
-    from grader.nbtools import cell_scores, generate, make_course, nbgrader
+    from grader.nbtools import SOLUTIONS, cell_scores, nbgrader
+    from grader.release import generate
 
     root = _scratch() / f"{assignment}-{len(list(_scratch().glob(assignment + '-*')))}"
-    make_course(root, [assignment])
-    released = generate(root, assignment)
+    with _RELEASING:  # nbgrader's converters run in this process: one release at a time
+        released = generate([assignment], SOLUTIONS, root) / assignment
     for student, folder in (("solution", root / "solutions" / assignment), ("exercise", released)):
         dest = root / "submitted" / student / assignment
         dest.mkdir(parents=True)
