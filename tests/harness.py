@@ -13,6 +13,7 @@ import io
 import sys
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class CellResult:
     grade_id: str
     passed: bool
     error: str = ""
+    stderr: str = ""  # warnings and stderr text the cell let out: nbgrader zeroes a cell that writes any
 
 
 def _is_setup(cell) -> bool:
@@ -78,11 +80,16 @@ def run_function_tests(notebook: Path, function: str, replacement: str | None = 
                         for t in test_cells_for(nb, function)]
     results = []
     for cell in test_cells_for(nb, function):
-        try:
-            _exec(cell.source, ns, grade_id(cell))
-            results.append(CellResult(grade_id(cell), True))
-        except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
-            results.append(CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}"))
+        err = io.StringIO()
+        with warnings.catch_warnings(record=True) as escaped, contextlib.redirect_stderr(err):
+            warnings.simplefilter("always")
+            try:
+                _exec(cell.source, ns, grade_id(cell))
+                result = CellResult(grade_id(cell), True)
+            except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
+                result = CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}")
+        result.stderr = err.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in escaped)
+        results.append(result)
     return results
 
 

@@ -87,6 +87,21 @@ def test_exercise_leaks_no_solution(assignment: str):
     assert not problems, f"{problems[:3]}; {FIX_RELEASE}"
 
 
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_the_library_holds_no_answer(assignment: str):
+    """No module of the installed `course` package has a function or class under a graded name of this notebook."""
+    import pkgutil
+
+    graded = {name for nb in nbtools.notebooks(nbtools.SOLUTIONS) if nb.parent.name == assignment
+              for name in harness.graded_functions(nbtools.read(nb))}
+    assert graded, f"solutions/{assignment} has no graded function"
+    for info in pkgutil.walk_packages(course.__path__, "course."):
+        module = importlib.import_module(info.name)
+        found = [n for n in graded if inspect.isfunction(getattr(module, n, None))
+                 or inspect.isclass(getattr(module, n, None))]
+        assert not found, f"{info.name} defines or re-exports {found}: the answer must live only in its solution cell"
+
+
 def _comparable(nb) -> list:
     return [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells] + [dict(nb.metadata)]
 
