@@ -1,13 +1,18 @@
 """Repository hygiene: dependency lists agree, notebooks are clean, and exercises/ is exactly what nbgrader releases."""
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import json
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
+import course
 from grader import nbtools
 from tests import harness
 
@@ -72,44 +77,29 @@ def test_notebook_is_clean(path: Path):
     assert not duplicates, f"{path}: duplicate grade_ids {duplicates}"
 
 
-def _solution_blocks(source: str) -> list[list[str]]:
-    """The substantive lines of each BEGIN/END SOLUTION region (blank lines and comments dropped)."""
-    blocks, inside = [], False
-    for line in source.splitlines():
-        if "### BEGIN SOLUTION" in line:
-            inside = True
-            blocks.append([])
-        elif "### END SOLUTION" in line:
-            inside = False
-        elif inside and line.strip() and not line.strip().startswith("#"):
-            blocks[-1].append(line.split("  #")[0].strip())
-    return blocks
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_exercise_leaks_no_solution(assignment: str):
+    """No released exercise contains solution markers, hidden tests, or the solution code itself (grader.release's
+    leak check, the one `make release` and `python -m grader check` use)."""
+    from grader.release import leaks
+
+    problems = leaks([assignment])
+    assert not problems, f"{problems[:3]}; {FIX_RELEASE}"
 
 
-def _leaks(blocks: list[list[str]], code: str) -> list[str]:
-    """Solution code found in the exercise: three consecutive solution lines, or one long line, appearing verbatim.
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_the_library_holds_no_answer(assignment: str):
+    """No module of the installed `course` package has a function or class under a graded name of this notebook."""
+    import pkgutil
 
-    A single short line such as `scaler.update()` may fairly appear in a hint; a run of lines is the solution itself.
-    """
-    lines = {line.strip() for line in code.splitlines()}
-    leaked = []
-    for block in blocks:
-        leaked += [line for line in block if len(line) > 60 and line in lines]
-        leaked += ["\n".join(block[i:i + 3]) for i in range(len(block) - 2)
-                   if all(len(x) > 8 and x in lines for x in block[i:i + 3])]
-    return leaked
-
-
-@pytest.mark.parametrize("path", nbtools.notebooks(nbtools.EXERCISES), ids=lambda p: str(p.relative_to(ROOT)))
-def test_exercise_leaks_no_solution(path: Path):
-    """No released exercise contains solution markers, hidden tests, or the solution code itself."""
-    text = path.read_text()
-    for marker in nbtools.SOLUTION_MARKERS:
-        assert marker not in text, f"{path}: contains '{marker}'; {FIX_RELEASE}"
-    source = nbtools.read(nbtools.SOLUTIONS / path.relative_to(nbtools.EXERCISES))
-    code = "\n".join(c.source for c in nbtools.read(path).cells)
-    leaked = [x for c in source.cells for x in _leaks(_solution_blocks(c.source), code)]
-    assert not leaked, f"{path}: solution code appears in the exercise: {leaked[:3]}"
+    graded = {name for nb in nbtools.notebooks(nbtools.SOLUTIONS) if nb.parent.name == assignment
+              for name in harness.graded_functions(nbtools.read(nb))}
+    assert graded, f"solutions/{assignment} has no graded function"
+    for info in pkgutil.walk_packages(course.__path__, "course."):
+        module = importlib.import_module(info.name)
+        found = [n for n in graded if inspect.isfunction(getattr(module, n, None))
+                 or inspect.isclass(getattr(module, n, None))]
+        assert not found, f"{info.name} defines or re-exports {found}: the answer must live only in its solution cell"
 
 
 def _comparable(nb) -> list:
@@ -140,11 +130,68 @@ def test_checks_cover_an_empty_course(tmp_path: Path):
     assert nbtools.notebooks(tmp_path) == [] and nbtools.assignments(tmp_path) == []
 
 
-def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
-    """The leak check flags solution code pasted into an exercise, not one short line quoted in a hint."""
-    solution = ("def f(x):\n    ### BEGIN SOLUTION\n    y = torch.as_tensor(x)\n"
-                "    y = y.to(device, non_blocking=True)\n    return y.float().mean()\n    ### END SOLUTION\n")
-    blocks = _solution_blocks(solution)
-    pasted = "print('lesson')\ny = torch.as_tensor(x)\ny = y.to(device, non_blocking=True)\nreturn y.float().mean()\n"
-    hint = "checks.check(ok, 'copies overlap', 'write y = y.to(device, non_blocking=True)')\n"
-    assert _leaks(blocks, pasted) and not _leaks(blocks, hint)
+# ---------------------------------------------------------------------------------------------- back-links
+_INTRODUCED = re.compile(r"Introduced in (\d\d-[a-z]+)")
+
+
+def _code(cell) -> str:
+    # IPython magics and shell escapes are not Python; blank them so the cell parses.
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines())
+
+
+@cache
+def _uses() -> dict[str, dict[str, set[str]]]:
+    """{assignment: {"course.<module>": names it uses}} from the solution notebooks' code cells."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for path in nbtools.notebooks(nbtools.SOLUTIONS):
+        found = out.setdefault(path.parent.name, {})
+        trees = [ast.parse(_code(c)) for c in nbtools.read(path).cells if c.cell_type == "code"]
+        aliases = {"course": "course"}  # a kernel keeps its imports from cell to cell
+        for node in (n for tree in trees for n in ast.walk(tree)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course"):
+                for a in node.names:
+                    if node.module == "course":
+                        aliases[a.asname or a.name] = f"course.{a.name}"
+                    else:
+                        found.setdefault(node.module, set()).add(a.name)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("course."):
+                        aliases[a.asname or a.name] = a.name
+        for node in (n for tree in trees for n in ast.walk(tree)):
+            if isinstance(node, ast.Attribute):
+                chain, inner = [node.attr], node.value
+                while isinstance(inner, ast.Attribute):
+                    chain.append(inner.attr)
+                    inner = inner.value
+                if isinstance(inner, ast.Name) and inner.id in aliases:
+                    module = ".".join([aliases[inner.id], *reversed(chain[1:])])
+                    found.setdefault(module, set()).add(chain[0])
+    return out
+
+
+def _public() -> list[tuple[str, str, object]]:
+    items = []
+    for name in course._SUBMODULES:
+        module = importlib.import_module(f"course.{name}")
+        for attr, obj in vars(module).items():
+            if attr.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            if getattr(obj, "__module__", "") == module.__name__:
+                items.append((module.__name__, attr, obj))
+    return items
+
+
+@pytest.mark.parametrize("module, name, obj", _public(), ids=lambda x: x if isinstance(x, str) else "")
+def test_back_links_name_the_first_notebook_that_uses_each_helper(module: str, name: str, obj: object):
+    """A helper that notebooks use says "Introduced in NN-topic" (itself, or its module for all of its helpers), and
+    NN-topic is the first solution notebook that uses it; a helper no notebook uses claims no notebook."""
+    uses = [a for a, found in _uses().items() if name in found.get(module, set())]
+    own = _INTRODUCED.findall(inspect.getdoc(obj) or "")
+    said = own or _INTRODUCED.findall(importlib.import_module(module).__doc__ or "")
+    if not uses:
+        assert not own, f"{module}.{name} says 'Introduced in {own[0]}' but no solution notebook uses it"
+        return
+    where = "its docstring" if own else f"the docstring of {module}"
+    assert said == [uses[0]], (f"{module}.{name}: {where} should say 'Introduced in {uses[0]}' (the first notebook "
+                               f"that uses it), not {said or 'nothing'}")
