@@ -137,9 +137,6 @@ def shot(page, name: str) -> Path:
 
 # ---------------------------------------------------------------- notebooks in JupyterLab
 
-PANEL = "#{id}"  # a notebook's panel, by its Lumino widget id
-
-
 def open_notebook(page, path: str) -> str:
     """Open `path` in JupyterLab, wait for its kernel, and return the panel's DOM id."""
     panel_id = page.evaluate("""async (path) => {
@@ -392,3 +389,7 @@ def test_formgrader_and_assignment_list_show_no_error(page, lab):
     text = panel.inner_text()
     shot(page, "assignment-list")
     assert not ERROR_TEXT.search(text), f"The Assignment List shows: {text[:2000]}"
+    # Everything the browser did so far (Run All, Validate, these pages) left no error in the server's log.
+    log = log_path.read_text()
+    errors = [line for line in log.splitlines() if "Traceback" in line or line.startswith("[E ")]
+    assert not errors, "the server log shows errors:\n" + "\n".join(errors) + f"\n\n{log[-4000:]}"
