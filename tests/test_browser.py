@@ -36,7 +36,7 @@ pytestmark = pytest.mark.browser
 def chromium() -> str | None:
     """The system Chromium: $COURSE_CHROMIUM, else the first of the usual names on PATH."""
     if os.environ.get("COURSE_CHROMIUM"):
-        return os.environ["COURSE_CHROMIUM"]
+        return shutil.which(os.environ["COURSE_CHROMIUM"])
     return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 
