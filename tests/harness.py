@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import os
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 
@@ -77,8 +79,9 @@ def run_function_tests(notebook: Path, function: str, replacement: str | None = 
                         for t in test_cells_for(nb, function)]
     results = []
     for cell in test_cells_for(nb, function):
-        try:
-            _exec(cell.source, ns, grade_id(cell))
+        try:  # graded mode, as under nbgrader: a failed check raises (course.checks.graded) instead of printing
+            with mock.patch.dict(os.environ, {"NBGRADER_EXECUTION": "autograde"}):
+                _exec(cell.source, ns, grade_id(cell))
             results.append(CellResult(grade_id(cell), True))
         except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
             results.append(CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}"))
