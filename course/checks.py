@@ -389,7 +389,7 @@ _OWN_FIX = "write it yourself in its cell (calling library helpers inside it is 
 
 def grading() -> bool:
     """Whether test cells run for a grade: nbgrader's validate or autograde (they set NBGRADER_EXECUTION; the same
-    test as course.env.under_autograder), or a kernel of the course's grader. Introduced in 01-device."""
+    test as course.env.under_autograder), or a kernel of the course's grader."""
     return _GUARDED is True or bool(os.environ.get("NBGRADER_EXECUTION"))
 
 
