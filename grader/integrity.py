@@ -17,7 +17,7 @@ What the guard protects, and how:
 - A notebook-level name that shadows a builtin (`isinstance = lambda *a: True`) is bypassed inside test cells:
   the cell's own code reads the pristine builtin (student functions keep their own names).
 - Test cells are graded: `course.checks.graded` raises a failed check (the cell fails) instead of only showing it as
-  it does in a learner's kernel. The guard sets `course.checks._GUARDED` the moment course.checks is imported, keeps
+  it does in a learner's kernel. The guard sets `course._testcell._GUARDED` the moment it is imported, keeps
   NBGRADER_EXECUTION (and `os.environ` itself) as they were at start, and puts both back before and after every cell,
   so deleting the variable or resetting the flag in a cell turns no failure into a pass.
 - An audit hook refuses sys.settrace/sys.setprofile (a tracer can skip an `assert` line) and new audit hooks.
@@ -75,7 +75,7 @@ KERNEL_ATTRS = ("shell", "session", "iopub_socket", "shell_handlers", "control_h
 SESSION_ATTRS = ("pack", "unpack", "auth", "key", "signature_scheme")
 BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.addaudithook"})
 WATCHED_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
-GRADING_FLAG = "_GUARDED"            # course.checks: True makes test cells raise their failures (graded mode)
+GRADING_MODULE, GRADING_FLAG = "course._testcell", "_GUARDED"  # True: test cells raise their failures (graded mode)
 GRADING_VARIABLE = "NBGRADER_EXECUTION"  # set by nbgrader's validate and autograde; course.checks reads it too
 PRISTINE = "__grader_builtins__"      # notebook-level name through which test cells read pristine builtins
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
@@ -448,7 +448,7 @@ class Guard:
                 snaps.append(_NamesSnap(cls, f"{name}.{cls_name}", names))
             self._watched[name] = (module, snaps)
         else:
-            if name == "course.checks":
+            if name == GRADING_MODULE:
                 module.__dict__[GRADING_FLAG] = True        # graded mode, before any notebook code can use it
             self._modules[name] = _ModuleSnap(module)
 
@@ -547,11 +547,11 @@ class Guard:
                 changes.append(f"{parent_name}.{child}")
 
     def _verify_grading(self, changes):
-        """Graded mode: the checks' flag set, NBGRADER_EXECUTION and os.environ as they were at start."""
-        snap = self._modules.get("course.checks")
+        """Graded mode: the test-cell frame's flag set, NBGRADER_EXECUTION and os.environ as they were at start."""
+        snap = self._modules.get(GRADING_MODULE)
         if snap is not None and snap.module.__dict__.get(GRADING_FLAG, _MISSING) is not True:
             snap.module.__dict__[GRADING_FLAG] = True
-            changes.append(f"course.checks.{GRADING_FLAG}")
+            changes.append(f"{GRADING_MODULE}.{GRADING_FLAG}")
         if os.environ is not self._environ:
             os.environ = self._environ            # noqa: B003 - the original object back, not a new one
             changes.append("os.environ")

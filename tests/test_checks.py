@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fractions
 import io
+import linecache
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from course import checks
+from course import _testcell, checks
 from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed, type_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,6 +265,7 @@ def test_type_names_are_written_as_the_learner_writes_them():
 def _notebook(source: str) -> dict:
     """Run `source` the way a notebook cell runs (a `<...>` file name, a __main__ namespace); its namespace."""
     namespace = {"__name__": "__main__"}
+    linecache.cache["<ipython-input-1-0123>"] = (len(source), None, source.splitlines(True), "<ipython-input-1-0123>")
     exec(compile(source, "<ipython-input-1-0123>", "exec"), namespace)  # noqa: S102 - a pretend notebook cell
     return namespace
 
@@ -296,12 +298,18 @@ FAILURES = [
      "✗ `Net` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
     (("pick_device",), lambda ns: expect_equal(ns["pick_device"](), "cpu", "pick_device()", "return 'cpu'"),
      "✗ pick_device(): expected 'cpu', got 'null'. Fix: return 'cpu'"),
+    (("stub",), lambda ns: check(False, "rank 0 failed: NotImplementedError", "all_reduce"),  # in a worker process
+     "✗ `stub` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
+    (("Net",), lambda ns: check(False, "forward failed", "move it"),
+     "✗ `Net` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
     (("fit",), lambda ns: exec("fit()", ns),  # noqa: S102 - a test cell that calls a name never defined
      "✗ `fit` is not defined. Fix: run the cell that defines `fit` first (Run > Run All Cells)"),
     (("dumps",), lambda ns: None,
      "✗ `dumps` is imported from json, not written in the notebook. Fix: write it yourself in its cell (calling "
      "library helpers inside it is fine)"),
 ]
+
+FAILURE_IDS = ["stub", "method", "check", "stub-elsewhere", "method-elsewhere", "undefined", "import"]
 
 
 def _body(cells, run):
@@ -310,13 +318,13 @@ def _body(cells, run):
     return body
 
 
-@pytest.mark.parametrize(("names", "run", "line"), FAILURES, ids=["stub", "method", "check", "undefined", "import"])
+@pytest.mark.parametrize(("names", "run", "line"), FAILURES, ids=FAILURE_IDS)
 def test_graded_shows_one_line_and_goes_on_in_a_learners_kernel(cells, capsys, names, run, line):
     assert cells["run"](names, _body(cells, run)) == "went on"
     assert capsys.readouterr().out == line + "\n"
 
 
-@pytest.mark.parametrize(("names", "run", "line"), FAILURES, ids=["stub", "method", "check", "undefined", "import"])
+@pytest.mark.parametrize(("names", "run", "line"), FAILURES, ids=FAILURE_IDS)
 def test_graded_raises_the_same_line_while_grading(cells, capsys, monkeypatch, names, run, line):
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     with pytest.raises(AssertionError) as info:
@@ -337,7 +345,7 @@ def test_graded_leaves_a_pass_alone_and_reports_other_errors_with_their_tracebac
     with pytest.raises(NotImplementedError, match="not supported"):
         cells["run"](("library",), cells["library"])
     with pytest.raises(ZeroDivisionError):
-        cells["run"](("stub",), _raise(ZeroDivisionError))
+        cells["run"](("pick_device",), _raise(ZeroDivisionError))
 
 
 def _raise(kind):
@@ -352,13 +360,13 @@ def test_graded_mode_is_decided_before_the_learners_code_runs(cells, monkeypatch
 
     def sneaky():
         os.environ.pop("NBGRADER_EXECUTION")
-        checks._GUARDED = False
+        _testcell._GUARDED = False
         raise NotImplementedError()
 
     sneaky.__code__ = sneaky.__code__.replace(co_filename="<ipython-input-2-sneaky>")
     with pytest.raises(AssertionError, match="not written yet"):
         cells["run"](("sneaky",), sneaky)
-    monkeypatch.setattr(checks, "_GUARDED", True)  # what the grader's guard sets
+    monkeypatch.setattr(_testcell, "_GUARDED", True)  # what the grader's guard sets
     assert checks.grading() and not os.environ.get("NBGRADER_EXECUTION")
     with pytest.raises(AssertionError, match="not written yet"):
         cells["run"](("stub",), cells["stub"])

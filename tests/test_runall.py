@@ -74,14 +74,14 @@ def test_an_unsolved_exercise_runs_every_cell_and_shows_one_line_per_check(path)
 # ---- the grader's guard keeps test cells graded ------------------------------------------------------------------
 TAMPER = """
 import os
-from course import checks
+import course._testcell as frame
 os.environ.pop("NBGRADER_EXECUTION", None)
-checks._GUARDED = False
+frame._GUARDED = False
 def answer():
     return 41
 def sneaky():
     os.environ.pop("NBGRADER_EXECUTION", None)
-    checks._GUARDED = False
+    frame._GUARDED = False
     return 41
 """
 TEST_CELL = """
@@ -97,7 +97,7 @@ del __check_{name}
 def test_without_the_guard_leaving_graded_mode_would_pass_a_wrong_answer(monkeypatch, capsys):
     """Control: the attack is real. In a plain process the same cells show the ✗ line and raise nothing."""
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
-    monkeypatch.setattr("course.checks._GUARDED", False)
+    monkeypatch.setattr("course._testcell._GUARDED", False)
     namespace = {"__name__": "__main__"}
     exec(compile(TAMPER, "<cell-1>", "exec"), namespace)  # noqa: S102 - pretend notebook cells
     exec(compile(TEST_CELL.format(name="answer"), "<cell-2>", "exec"), namespace)  # noqa: S102
