@@ -19,6 +19,7 @@ _SUBMODULES = (
     "compile",
     "data",
     "device",
+    "distributed",
     "env",
     "memory",
     "models",

@@ -147,8 +147,6 @@ def saved_activation_bytes(model: nn.Module, inputs: torch.Tensor, dtype: torch.
 @dataclass(frozen=True)
 class StepFigures:
     """What one training step cost: milliseconds per step, activation MiB, and peak MiB (CUDA only, else None).
-
-    Introduced in 04-amp.
     """
     precision: str
     batch_size: int

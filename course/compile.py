@@ -60,8 +60,6 @@ class ElementwiseChain(nn.Module):
 @dataclass(frozen=True)
 class RecordedGraph:
     """One graph that Dynamo captured: its input shapes (symbolic ones like s0 when dynamic) and its ops.
-
-    Introduced in 06-compile.
     """
     inputs: tuple[str, ...]
     ops: tuple[str, ...]
@@ -105,7 +103,7 @@ class StandInRecord:
     """What happened under `stand_in_compile`: each torch.compile call's keyword arguments and every call made.
 
     `compiled` holds what each torch.compile call returned; `first_calls` counts compiled objects called at least
-    once; `calls` counts every call through them. Introduced in 06-compile.
+    once; `calls` counts every call through them.
     """
     compile_calls: list[dict[str, Any]] = field(default_factory=list)
     compiled: list[Any] = field(default_factory=list)

@@ -30,8 +30,6 @@ _CHOICES = ("auto", "fashion_mnist", "digits")
 
 class DatasetCacheError(RuntimeError):
     """A dataset folder on disk is corrupt or incomplete; the message names it and how to clear it.
-
-    Introduced in 01-device.
     """
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
@@ -46,8 +44,6 @@ class DatasetCacheError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class DataBundle:
     """A dataset ready for training: float32 images N×C×H×W in [0, 1] and int64 labels, split in two.
-
-    Introduced in 01-device.
     """
 
     train: TensorDataset
@@ -69,8 +65,6 @@ class DataBundle:
 
 def default_root() -> Path:
     """Where datasets live: $COURSE_DATA, /content/data on Colab, <repo>/data in a checkout, else ~/.cache.
-
-    Introduced in 01-device.
     """
     if os.environ.get("COURSE_DATA"):
         return Path(os.environ["COURSE_DATA"]).expanduser()
@@ -93,7 +87,7 @@ def _split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor
 def split(dataset: Dataset, val_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
     """Split into (train, val) in a random order fixed by `seed`: same seed, same split.
 
-    A TensorDataset gives TensorDatasets, any other dataset gives Subsets. Introduced in 01-device.
+    A TensorDataset gives TensorDatasets, any other dataset gives Subsets.
     """
     train_idx, val_idx = _split_indices(len(dataset), val_fraction, seed)  # type: ignore[arg-type]
     if isinstance(dataset, TensorDataset):
@@ -129,7 +123,7 @@ def _bundle(
 def digits(val_fraction: float = 0.2, seed: int = 0, limit: int | None = None) -> DataBundle:
     """scikit-learn's bundled digits: 1797 images 1×8×8 scaled to [0, 1], 10 classes, no download.
 
-    Introduced in 01-device.
+    Introduced in 06-compile.
     """
     from sklearn.datasets import load_digits
 
@@ -210,7 +204,6 @@ def fashion_mnist(
 
     Reads <root>/FashionMNIST/raw/ through torchvision; downloads only with download=True.
     Raises FileNotFoundError when it is absent and DatasetCacheError when the files there are broken.
-    Introduced in 01-device.
     """
     root = Path(root) if root is not None else default_root()
     state = _fashion_state(root)
@@ -299,8 +292,6 @@ def _load_fashion_or_digits(choice: str, root: Path, download: bool | None, spli
 
 def synthetic(n: int, shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10, seed: int = 0) -> TensorDataset:
     """n random float32 images in [0, 1) and int64 labels, for throughput work: same seed, same tensors.
-
-    Introduced in 03-throughput.
     """
     if n < 0 or num_classes < 1:
         raise ValueError(f"need n >= 0 and num_classes >= 1, got n={n}, num_classes={num_classes}")

@@ -19,8 +19,6 @@ __all__ = ["DeviceMismatchError", "run_on_meta", "find_device_mismatch"]
 
 class DeviceMismatchError(RuntimeError):
     """A forward mixed devices: run with everything on a second device, some tensor stayed on the CPU.
-
-    Introduced in 01-device.
     """
 
 
@@ -29,8 +27,6 @@ def run_on_meta(model: nn.Module, *inputs: Any, **kwargs: Any) -> Any:
 
     A tensor created inside forward without `device=x.device`, or kept as a plain attribute instead of a registered
     buffer, stays on the CPU and raises DeviceMismatchError here, as it would on a GPU. The model is not modified.
-
-    Introduced in 01-device.
     """
     from torch.func import functional_call
     from torch.utils._pytree import tree_map

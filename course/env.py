@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "record_sheet", "show", "save", "format_sheet", "under_autograder", "on_colab", "in_kernel", "widgets_can_render", "nvidia_smi", "parse_nvidia_smi",
-    "precision_settings",
+    "record_sheet", "show", "save", "format_sheet", "under_autograder", "on_colab", "in_kernel", "widgets_can_render",
+    "nvidia_smi", "parse_nvidia_smi", "precision_settings",
 ]
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
@@ -41,7 +41,7 @@ def under_autograder() -> bool:
 
 
 def on_colab() -> bool:
-    """True inside Google Colab. Introduced in 01-device."""
+    """True inside Google Colab."""
     return "google.colab" in sys.modules
 
 
@@ -82,8 +82,6 @@ def nvidia_smi() -> dict[str, Any]:
 
 def parse_nvidia_smi(text: str, fields: tuple[str, ...] = _SMI_QUERIES[0]) -> dict[str, Any]:
     """Parse `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` output (first GPU, plus the count).
-
-    Introduced in 01-device.
     """
     rows = [[cell.strip() for cell in line.split(",")] for line in text.strip().splitlines() if line.strip()]
     if not rows or len(rows[0]) != len(fields):
@@ -106,7 +104,7 @@ def precision_settings() -> dict[str, Any]:
     torch >= 2.9 has `fp32_precision` ("ieee", "tf32" or "none", meaning "inherit from the parent") and
     deprecates `allow_tf32`; reading the legacy flags there can warn, and after a mix of both APIs
     torch.get_float32_matmul_precision() raises. Older torch (2.4 to 2.8) only has the legacy flags.
-    The record sheet's precision and cuDNN fields, without the cost of nvidia-smi. Introduced in 01-device.
+    The record sheet's precision and cuDNN fields, without the cost of nvidia-smi.
     """
     import torch
 
@@ -253,7 +251,7 @@ def _cell(value: Any, key: str = "") -> str:
 
 
 def format_sheet(sheet: dict[str, Any]) -> str:
-    """The sheet as an aligned two-column text table, hints last. Introduced in 01-device."""
+    """The sheet as an aligned two-column text table, hints last."""
     rows = [(key, _cell(value, key)) for key, value in sheet.items() if key != "hints"]
     width = max((len(key) for key, _ in rows), default=0)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
@@ -274,8 +272,6 @@ def _html(sheet: dict[str, Any]) -> str:
 
 def in_kernel() -> bool:
     """True in a live Jupyter or Colab kernel (not a plain IPython terminal, where display() prints text).
-
-    Introduced in 01-device.
     """
     ipython = sys.modules.get("IPython")
     if ipython is None:
@@ -310,7 +306,7 @@ def show(sheet: dict[str, Any] | None = None) -> None:
 
 
 def save(sheet: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write the sheet as JSON (creating folders) and return the path. Introduced in 01-device."""
+    """Write the sheet as JSON (creating folders) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(sheet, indent=2, default=str) + "\n", encoding="utf-8")

@@ -14,7 +14,7 @@ __all__ = ["SmallCNN", "MLP", "MatmulBlock", "count_parameters"]
 
 
 def count_parameters(model: nn.Module) -> int:
-    """The number of trainable parameters. Introduced in 01-device."""
+    """The number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
@@ -64,7 +64,7 @@ class MLP(nn.Module):
     """Flatten, then `depth` hidden layers (Linear + ReLU) of width `hidden`, then a linear head.
 
     `in_features` may be an int or an input shape such as (1, 8, 8); depth=0 is logistic regression.
-    Introduced in 01-device.
+    Introduced in 02-transfer.
     """
 
     def __init__(

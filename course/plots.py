@@ -32,7 +32,7 @@ def _number(value: Any) -> float:
 
 
 def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", ax: Axes | None = None) -> Axes:
-    """One labelled bar per entry, its value printed on top; returns the Axes. Introduced in 03-throughput."""
+    """One labelled bar per entry, its value printed on top; returns the Axes. Introduced in 02-transfer."""
     if not values:
         raise ValueError("bar_chart needs at least one value, got an empty mapping")
     ax = _new_axes(ax)

@@ -65,7 +65,7 @@ class SlowDataset(Dataset):
 
 @dataclass(frozen=True)
 class CopyFigure:
-    """One host-to-device copy measurement, with where it comes from. Introduced in 02-transfer."""
+    """One host-to-device copy measurement, with where it comes from."""
 
     gpu: str
     host: str

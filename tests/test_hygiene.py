@@ -1,13 +1,18 @@
 """Repository hygiene: dependency lists agree, notebooks are clean, and exercises/ is exactly what nbgrader releases."""
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import json
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
+import course
 from grader import nbtools
 from tests import harness
 
@@ -148,3 +153,70 @@ def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
     pasted = "print('lesson')\ny = torch.as_tensor(x)\ny = y.to(device, non_blocking=True)\nreturn y.float().mean()\n"
     hint = "checks.check(ok, 'copies overlap', 'write y = y.to(device, non_blocking=True)')\n"
     assert _leaks(blocks, pasted) and not _leaks(blocks, hint)
+
+
+# ---------------------------------------------------------------------------------------------- back-links
+_INTRODUCED = re.compile(r"Introduced in (\d\d-[a-z]+)")
+
+
+def _code(cell) -> str:
+    # IPython magics and shell escapes are not Python; blank them so the cell parses.
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines())
+
+
+@cache
+def _uses() -> dict[str, dict[str, set[str]]]:
+    """{assignment: {"course.<module>": names it uses}} from the solution notebooks' code cells."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for path in nbtools.notebooks(nbtools.SOLUTIONS):
+        found = out.setdefault(path.parent.name, {})
+        trees = [ast.parse(_code(c)) for c in nbtools.read(path).cells if c.cell_type == "code"]
+        aliases = {"course": "course"}  # a kernel keeps its imports from cell to cell
+        for node in (n for tree in trees for n in ast.walk(tree)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course"):
+                for a in node.names:
+                    if node.module == "course":
+                        aliases[a.asname or a.name] = f"course.{a.name}"
+                    else:
+                        found.setdefault(node.module, set()).add(a.name)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("course."):
+                        aliases[a.asname or a.name] = a.name
+        for node in (n for tree in trees for n in ast.walk(tree)):
+            if isinstance(node, ast.Attribute):
+                chain, inner = [node.attr], node.value
+                while isinstance(inner, ast.Attribute):
+                    chain.append(inner.attr)
+                    inner = inner.value
+                if isinstance(inner, ast.Name) and inner.id in aliases:
+                    module = ".".join([aliases[inner.id], *reversed(chain[1:])])
+                    found.setdefault(module, set()).add(chain[0])
+    return out
+
+
+def _public() -> list[tuple[str, str, object]]:
+    items = []
+    for name in course._SUBMODULES:
+        module = importlib.import_module(f"course.{name}")
+        for attr, obj in vars(module).items():
+            if attr.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            if getattr(obj, "__module__", "") == module.__name__:
+                items.append((module.__name__, attr, obj))
+    return items
+
+
+@pytest.mark.parametrize("module, name, obj", _public(), ids=lambda x: x if isinstance(x, str) else "")
+def test_back_links_name_the_first_notebook_that_uses_each_helper(module: str, name: str, obj: object):
+    """A helper that notebooks use says "Introduced in NN-topic" (itself, or its module for all of its helpers), and
+    NN-topic is the first solution notebook that uses it; a helper no notebook uses claims no notebook."""
+    uses = [a for a, found in _uses().items() if name in found.get(module, set())]
+    own = _INTRODUCED.findall(inspect.getdoc(obj) or "")
+    said = own or _INTRODUCED.findall(importlib.import_module(module).__doc__ or "")
+    if not uses:
+        assert not own, f"{module}.{name} says 'Introduced in {own[0]}' but no solution notebook uses it"
+        return
+    where = "its docstring" if own else f"the docstring of {module}"
+    assert said == [uses[0]], (f"{module}.{name}: {where} should say 'Introduced in {uses[0]}' (the first notebook "
+                               f"that uses it), not {said or 'nothing'}")
