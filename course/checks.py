@@ -1,8 +1,8 @@
 """Self-check helpers for the notebooks' test cells.
 
-Used by every notebook. A failed check raises AssertionError("✗ what. Fix: how"): one line that says what
-was expected, what came back and what to change. The helpers' own frames are hidden from the traceback
-(`__tracebackhide__`, honoured by IPython and pytest), so the learner sees their call and that line.
+Introduced in 01-device; used by every notebook. A failed check raises AssertionError("✗ what. Fix: how"): one line
+that says what was expected, what came back and what to change. The helpers' own frames are hidden from the
+traceback (`__tracebackhide__`, honoured by IPython and pytest), so the learner sees their call and that line.
 
 Values are compared only when they have the expected type: a dtype with a dtype, a bool with a bool, a tuple
 with a tuple (an object whose == says True to everything earns nothing). Types are named as the learner writes
