@@ -21,12 +21,12 @@ $(STAMP): pyproject.toml constraints.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-# bubblewrap isolates grading kernels on Linux (grader/sandbox.py). Without it grading still works, unisolated,
+# bubblewrap isolates grading kernels on Linux (grader/sandbox/). Without it grading still works, unisolated,
 # with a loud warning, and the sandbox tests are skipped with that reason.
 sandbox:
 	@command -v bwrap >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
 	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; }; } || \
-	  echo "bubblewrap is not installed: grading will NOT be isolated (see grader/sandbox.py)"
+	  echo "bubblewrap is not installed: grading will NOT be isolated (see grader/sandbox/)"
 
 # .venv/bin goes first on PATH: Formgrader runs `alembic` (its gradebook migrations) by name.
 lab: install

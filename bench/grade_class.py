@@ -1,13 +1,15 @@
 """Grade one synthetic class twice, in the same run: plain `nbgrader autograde` (serial) and `python -m grader autograde
 --jobs 2`; print students per minute for each and the ratio (target: at least 1.7x on 2 cores).
 
-The class has 20 students made from the assignment's solution and exercise notebooks: right, wrong (some functions
-left unanswered) and broken ones (grader.fixture.make_student). The assignment is the first course assignment in
-solutions/ (01-device), or the grader's own tiny fixture (00-fixture: two notebooks, no torch) when solutions/ has
-none or with `--assignment 00-fixture`. Both commands are timed end to end, from a fresh course folder each; with
-`--repeat N` they alternate N times and the best time of each is kept (other work on a shared machine disturbs both).
+The class has 20 students made from the solution and exercise notebooks: right, wrong (some functions left
+unanswered) and broken ones (grader.fixture.make_student). By default every student submits every module notebook in
+solutions/ (the whole course, `--assignment all`); `--assignment NAME` (repeatable) grades only those, and
+`--assignment 00-fixture` the grader's own tiny fixture (two notebooks, no torch). Plain nbgrader runs `nbgrader
+autograde` once per assignment (its release generated beforehand, not timed); the grader runs once over the whole
+submissions folder. Both are timed end to end, from a fresh course folder each; with `--repeat N` they alternate N
+times and the best time of each is kept (other work on a shared machine disturbs both).
 
-    .venv/bin/python bench/grade_class.py [--assignment NAME] [--students 20] [--jobs 2] [--repeat 1] [--timeout 120]
+    .venv/bin/python bench/grade_class.py [--assignment all|NAME ...] [--students 20] [--jobs 2] [--repeat 1]
 """
 from __future__ import annotations
 
@@ -41,16 +43,23 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess
     return time.perf_counter() - start, proc
 
 
-def plain_nbgrader(course: Path, solutions: Path, submissions: Path, assignment: str, timeout: int):
-    """`nbgrader autograde` on a course folder made for it (assignment generated beforehand, not timed)."""
+def plain_nbgrader(course: Path, solutions: Path, submissions: Path, names: list[str], timeout: int):
+    """`nbgrader autograde` per assignment on a course folder made for it (assignments generated beforehand, not
+    timed): (seconds, how many submissions it could not grade)."""
     shutil.rmtree(course, ignore_errors=True)
-    shutil.copytree(solutions / assignment, course / "solutions" / assignment)
     nbgrader = [sys.executable, "-m", "nbgrader"]
     common = [f"--CourseDirectory.root={course}", f"--Execute.timeout={timeout}"]
-    subprocess.run(nbgrader + ["generate_assignment", assignment, *common], cwd=course, check=True,
-                   capture_output=True, env={**os.environ, **config_env()})
+    for name in names:
+        shutil.copytree(solutions / name, course / "solutions" / name)
+        subprocess.run(nbgrader + ["generate_assignment", name, *common], cwd=course, check=True,
+                       capture_output=True, env={**os.environ, **config_env()})
     shutil.copytree(submissions, course / "submitted")
-    return timed(nbgrader + ["autograde", assignment, *common], course)
+    seconds, failed = 0.0, 0
+    for name in names:
+        took, proc = timed(nbgrader + ["autograde", name, *common], course)
+        seconds += took
+        failed += proc.stderr.count("There was an error processing assignment '")
+    return seconds, failed
 
 
 def ours(out: Path, solutions: Path, submissions: Path, jobs: int, timeout: int):
@@ -62,56 +71,62 @@ def ours(out: Path, solutions: Path, submissions: Path, jobs: int, timeout: int)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--assignment", default=(assignments() or [fixture.ASSIGNMENT])[0],
-                        help="an assignment in solutions/, or 00-fixture (default: the first one in solutions/)")
+    parser.add_argument("--assignment", action="append", help="all (default: every assignment in solutions/), "
+                        "an assignment name (repeatable), or 00-fixture")
     parser.add_argument("--students", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="alternating runs of each; the best is kept")
     parser.add_argument("--timeout", type=int, default=120, help="cell timeout for both (s)")
     args = parser.parse_args()
+    wanted = args.assignment or ["all"]
+    names = assignments() if wanted == ["all"] else wanted
+    names = names or [fixture.ASSIGNMENT]
 
     with tempfile.TemporaryDirectory(prefix="grade-class-") as tmp:
         root = Path(tmp)
-        real = args.assignment != fixture.ASSIGNMENT
+        real = names != [fixture.ASSIGNMENT]
         plan = kinds(args.students)
-        solutions, submissions = fixture.build_class(root / "class", plan, SOLUTIONS if real else None,
-                                                     args.assignment)
-        notebooks = len(list((solutions / args.assignment).glob("*.ipynb")))
+        solutions, submissions = fixture.build_class(root / "class", plan, SOLUTIONS if real else None, names)
+        notebooks = sum(len(list((solutions / name).glob("*.ipynb"))) for name in names)
         counts = {k: list(plan.values()).count(k) for k in sorted(set(plan.values()))}
-        print(f"class: {len(plan)} students x {notebooks} notebooks of {args.assignment} "
+        print(f"class: {len(plan)} students x {notebooks} notebooks of {', '.join(names)} "
               f"({', '.join(f'{v} {k}' for k, v in counts.items())}); load average {os.getloadavg()[0]:.1f} "
               f"on {os.cpu_count()} cores")
-        serial_times, our_times = [], []
+        serial_times, our_times, failed_plain = [], [], 0
         for _ in range(args.repeat):
-            seconds, proc = plain_nbgrader(root / "plain", solutions, submissions, args.assignment, args.timeout)
+            seconds, failed_plain = plain_nbgrader(root / "plain", solutions, submissions, names, args.timeout)
             serial_times.append(seconds)
-            failed_plain = proc.stderr.count("There was an error processing assignment '")
             seconds, proc = ours(root / "ours", solutions, submissions, args.jobs, args.timeout)
             if proc.returncode not in (0, 1):
                 print(proc.stdout[-2000:], proc.stderr[-2000:])
                 return 1
             our_times.append(seconds)
+        load = os.getloadavg()[0]
 
-        plain_scores = {(r.student, r.notebook, r.grade_id): r.score for r in cell_scores(root / "plain",
-                                                                                         args.assignment)}
-        our_scores = {(r.student, r.notebook, r.grade_id): r.score for r in cell_scores(root / "ours",
-                                                                                       args.assignment)}
-        clean = {s for s, _, _ in plain_scores if plan[s] in ("right", "wrong")}
+        plain_scores, our_scores = {}, {}
+        for name in names:
+            plain_scores.update({(r.student, name, r.notebook, r.grade_id): r.score
+                                 for r in cell_scores(root / "plain", name)})
+            our_scores.update({(r.student, name, r.notebook, r.grade_id): r.score
+                               for r in cell_scores(root / "ours", name)})
+        clean = {s for s, *_ in plain_scores if plan[s] in ("right", "wrong")}
         agree = sum(all(plain_scores[k] == our_scores.get(k) for k in plain_scores if k[0] == s) for s in clean)
         right = [json.loads(p.read_text())["seconds"] for p in (root / "ours" / "state").glob("*/*.json")
                  if plan.get(p.parent.name) == "right"]
 
         n, serial, parallel = len(plan), min(serial_times), min(our_times)
-        print(f"plain nbgrader autograde (serial):   {serial:6.1f} s  {60 * n / serial:5.1f} students/min"
-              f"  ({failed_plain} students it could not grade)   runs: {', '.join(f'{t:.1f}' for t in serial_times)}")
-        print(f"python -m grader autograde --jobs {args.jobs}: {parallel:6.1f} s  {60 * n / parallel:5.1f} "
-              f"students/min  (every student graded)   runs: {', '.join(f'{t:.1f}' for t in our_times)}")
-        print(f"ratio: {serial / parallel:.2f}x (target >= 1.7x on 2 cores)")
+        whole = "the whole course" if wanted == ["all"] else ", ".join(names)
+        print(f"plain nbgrader autograde (serial):   {serial:7.1f} s  {60 * n / serial:5.2f} students/min of {whole}"
+              f"  ({failed_plain} submissions it could not grade)"
+              f"   runs: {', '.join(f'{t:.1f}' for t in serial_times)}")
+        print(f"python -m grader autograde --jobs {args.jobs}: {parallel:7.1f} s  {60 * n / parallel:5.2f} "
+              f"students/min of {whole}  (every submission graded)   runs: {', '.join(f'{t:.1f}' for t in our_times)}")
+        print(f"ratio: {serial / parallel:.2f}x (target >= 1.7x on 2 cores); load average at the end {load:.1f}")
         print(f"same scores as nbgrader for {agree} of {len(clean)} right/wrong students")
         if right:
-            print(f"a right submission took {sum(right) / len(right) / notebooks:.2f} s per notebook in a worker"
-                  + (": the fixture's cells take milliseconds, so this is the grading overhead, kernel start "
-                     "included" if not real else ""))
+            print(f"a right submission took {sum(right) / len(right) * len(names) / notebooks:.2f} s per notebook in "
+                  "a worker" + (": the fixture's cells take milliseconds, so this is the grading overhead, kernel "
+                                "start included" if not real else ""))
     return 0
 
 

@@ -4,7 +4,8 @@
 
 Both sides run the same tiny notebook through nbclient (as nbgrader does) in a folder laid out like nbgrader's
 autograded/<student>/<assignment>: plain jupyter_client.AsyncKernelManager against grader.sandbox's
-SandboxedKernelManager (bubblewrap, ipc transport, watchdog, integrity guard). Prints the median of each and the
+SandboxedKernelManager, the grader's kernel manager (launch.py's rlimits, bubblewrap, ipc transport, watchdog,
+integrity guard). Prints the median of each and the
 difference, which the grader budgets at under 0.5 s per notebook. Figures are from this machine and this run only.
 """
 from __future__ import annotations

@@ -68,11 +68,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: nbgrader_config.py)")
         p.add_argument("--notebook-timeout", type=int, default=defaults.notebook_timeout,
                        help=f"seconds per notebook (default {defaults.notebook_timeout})")
-        p.add_argument("--memory", default="", help="memory per kernel, e.g. 4G (default: 80%% of RAM / jobs)")
-        p.add_argument("--max-file-size", default="2G", help="largest file a notebook may write (default 2G)")
+        p.add_argument("--memory", default="", help="memory per kernel, e.g. 4G, 1.5GiB or 512M (default: 80%% of "
+                       "RAM / jobs)")
+        p.add_argument("--max-file-size", default="1G", help="bytes a notebook may write (default 1G)")
         p.add_argument("--transport", choices=("tcp", "ipc"), default="tcp", help="kernel transport (ipc for a "
                        "sandbox)")
         p.add_argument("--force", action="store_true", help="grade again what is already graded")
+        p.add_argument("--no-compile-cache", action="store_true", help="do not warm torch.compile's cache first "
+                       "(every kernel then compiles from scratch)")
 
     for name, text in (("feedback", "HTML feedback for graded submissions"),
                        ("export", "write grades.csv and tests.csv"),
@@ -86,13 +89,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _autograde(args) -> int:
-    from grader.grade import Options, parse_size, start_workers
+    from grader.grade import Options, start_workers
+    from grader.limits import parse_size
 
     if not args.submissions.is_dir():
         raise SystemExit(f"{args.submissions} is not a folder")
     options = Options(jobs=max(1, args.jobs), cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
                       memory=parse_size(args.memory) if args.memory else 0,
                       file_size=parse_size(args.max_file_size), transport=args.transport, force=args.force,
+                      compile_cache=not args.no_compile_cache,
                       students=args.student, assignments=args.assignment)
     pool = start_workers(args.submissions, _out(args), options)       # first: they take seconds to start
 

@@ -32,6 +32,9 @@ NOT_RUN = "NotRun"
 NOTEBOOK_TIMEOUT = "NotebookTimeout"
 CELL_TIMEOUT = "CellTimeoutError"      # nbgrader's own name for a cell timeout
 OUTPUT_CUT = "[grader] output cut"
+# the sandbox stopped the kernel at one of its limits (grader.limits.LIMIT_KINDS): the error name of the cell
+LIMIT_ERRORS = {"memory": "MemoryLimit", "cpu": "CPULimit", "processes": "ProcessLimit", "output": "OutputLimit",
+                "disk": "DiskLimit"}
 START_FAILURES: list[str] = []         # nbgrader swallows exceptions: the worker looks here to tell ours apart
 
 
@@ -186,9 +189,12 @@ class GraderExecute(Execute):
                     status = process.wait(timeout=2)
                 except Exception:  # noqa: BLE001 - still running or already reaped: no status to report
                     status = process.poll()
-            reason = self.km.sandbox_reason() if hasattr(self.km, "sandbox_reason") else None
-            error = _error(KERNEL_DIED, f"the sandbox stopped the kernel: {reason}" if reason
-                           else f"{describe_exit(status)} while this cell ran")
+            limit = self.km.sandbox_limit() if hasattr(self.km, "sandbox_limit") else None
+            if limit:
+                error = _error(LIMIT_ERRORS.get(limit["kind"], KERNEL_DIED),
+                               f"the kernel was stopped in this cell: {limit['reason']}")
+            else:
+                error = _error(KERNEL_DIED, f"{describe_exit(status)} while this cell ran")
         elif isinstance(exc, KernelExit):
             error = _error(KERNEL_DIED, "exit() ended the kernel in this cell")
         else:

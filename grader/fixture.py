@@ -191,15 +191,17 @@ def release_of(solutions: Path, assignment: str, scratch: Path) -> Path:
 
 
 def build_class(root: Path, students: dict[str, str], solutions: Path | None = None,
-                assignment: str = ASSIGNMENT) -> tuple[Path, Path]:
-    """A class at `root`: (solutions folder, submissions folder holding `students`: id -> kind for make_student).
+                assignment: str | list[str] = ASSIGNMENT) -> tuple[Path, Path]:
+    """A class at `root`: (solutions folder, submissions folder holding `students`: id -> kind for make_student), for
+    one assignment or several (each student then submits every one of them, of the same kind).
 
     Without `solutions`, the fixture assignment is written to `root/solutions`.
     """
     if solutions is None:
         write_source(root)
         solutions = root / "solutions"
-    release = release_of(solutions, assignment, root / "release-course")
-    for seed, (student, kind) in enumerate(sorted(students.items())):
-        make_student(root / "submissions" / student / assignment, kind, release, solutions / assignment, seed)
+    for name in [assignment] if isinstance(assignment, str) else assignment:
+        release = release_of(solutions, name, root / "release-course")
+        for seed, (student, kind) in enumerate(sorted(students.items())):
+            make_student(root / "submissions" / student / name, kind, release, solutions / name, seed)
     return solutions, root / "submissions"

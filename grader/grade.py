@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grader.pool import Pool
+from grader.limits import GiB
+from grader.pool import Job, Pool
 
 if TYPE_CHECKING:
     from grader.workspace import Workspace
-
-GiB = 1024 ** 3
 
 
 def cores() -> int:
@@ -36,13 +35,6 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def parse_size(text: str) -> int:
-    """'4G', '512M', '1.5g' or a number of bytes."""
-    text = text.strip().upper().removesuffix("B")
-    scale = {"K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMGT")) * scale)
-
-
 @dataclass
 class Options:
     """How to grade (see `python -m grader autograde --help`)."""
@@ -50,9 +42,10 @@ class Options:
     cell_timeout: int | None = None          # None: nbgrader_config.py's Execute.timeout
     notebook_timeout: int = 1800
     memory: int = 0                          # bytes per kernel; 0: 80% of RAM shared among the jobs
-    file_size: int = 2 * GiB
+    file_size: int = GiB                     # bytes a kernel may write (its largest file; in the sandbox, in all)
     transport: str = "tcp"
     force: bool = False
+    compile_cache: bool = True               # warm torch.compile's cache once per run (grader.compile_cache)
     students: list[str] | None = None
     assignments: list[str] | None = None
 
@@ -211,16 +204,22 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
             todo.append(unit)
     if report.skipped:
         echo(f"{len(report.skipped)} submissions already graded (unchanged); {len(todo)} to grade")
+    warming = None
+    if options.compile_cache and todo:
+        from grader.compile_cache import Warming
+
+        warming = Warming(ws.root / "compile-cache", ws.root / "solutions", sorted({u.assignment for u in todo}),
+                          threads=options.threads(), memory=options.kernel_memory(), echo=echo)
+        todo.sort(key=lambda u: u.assignment in warming.assignments)   # those that compile last: they wait for it
     jobs = []
     for unit in todo:
         course = ws.work / "units" / f"{unit.student}--{unit.assignment}"
-        jobs.append((unit, {"workspace": str(ws.root), "assignment": unit.assignment,
-                            "submission": str(unit.folder), "course": str(course),
-                            "log": str(ws.logs / unit.student / f"{unit.assignment}.log"),
-                            "options": {"cell_timeout": options.cell_timeout,
-                                        "notebook_timeout": options.notebook_timeout,
-                                        "memory": options.kernel_memory(), "file_size": options.file_size,
-                                        "threads": options.threads(), "transport": options.transport}}))
+        jobs.append((unit, Job(workspace=str(ws.root), assignment=unit.assignment, submission=str(unit.folder),
+                               course=str(course), log=str(ws.logs / unit.student / f"{unit.assignment}.log"),
+                               memory=options.kernel_memory(), file_size=options.file_size,
+                               threads=options.threads(), transport=options.transport,
+                               cell_timeout=options.cell_timeout, notebook_timeout=options.notebook_timeout,
+                               compile_cache=warming.cache_for(unit.assignment) if warming else "")))
     notebooks = max((len(list((source_root / u.assignment).glob("*.ipynb"))) for u in todo), default=1)
     limit = notebooks * (options.notebook_timeout + 120) + 120
     total = len(todo)
@@ -263,7 +262,7 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
                  + (f"  ({', '.join(codes)})" if codes else "") + f"  {result['seconds']:.1f} s")
 
         try:
-            pool.run(jobs, limit, on_result)
+            pool.run(jobs, limit, on_result, hold=lambda job: warming is not None and warming.waits(job.compile_cache))
         except KeyboardInterrupt:
             echo(f"interrupted: {len(report.graded)} submissions graded and saved; run again to resume")
             raise

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -51,7 +50,8 @@ def read(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
-def nbgrader(*args: str, root: Path, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+def nbgrader(*args: str, root: Path, timeout: float | None = None,
+             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run one nbgrader command on the course rooted at `root`, with this course's configuration.
 
     Raises RuntimeError with nbgrader's own output when the command fails.
@@ -63,21 +63,6 @@ def nbgrader(*args: str, root: Path, timeout: float | None = None, env: dict | N
         raise RuntimeError(f"`nbgrader {' '.join(args)}` failed (exit {proc.returncode}) in {root}:\n"
                            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
-
-
-def make_course(root: Path, which: list[str] | None = None) -> Path:
-    """Lay out a scratch course at `root` holding a copy of `solutions/` (all assignments, or `which`)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for name in which or assignments():
-        shutil.copytree(SOLUTIONS / name, root / "solutions" / name, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    return root
-
-
-def generate(root: Path, assignment: str) -> Path:
-    """`nbgrader generate_assignment` in the scratch course at `root`; returns the released folder."""
-    nbgrader("generate_assignment", assignment, "--force", root=root)
-    return root / "exercises" / assignment
 
 
 @dataclass(frozen=True)

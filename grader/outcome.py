@@ -10,12 +10,14 @@ from dataclasses import asdict, dataclass
 
 import nbformat
 
-from grader.execute import CELL_TIMEOUT, KERNEL_DIED, NOT_RUN, NOTEBOOK_TIMEOUT, OUTPUT_CUT
+from grader.execute import CELL_TIMEOUT, KERNEL_DIED, LIMIT_ERRORS, NOT_RUN, NOTEBOOK_TIMEOUT, OUTPUT_CUT
 from grader.intake import Note
+from grader.limits import NO_MORE_PROCESSES, GiB, out_of_memory
 from grader.nbtools import grade_id, nbgrader_meta
 
 INCIDENTS = {CELL_TIMEOUT: "cell-timeout", NOTEBOOK_TIMEOUT: "notebook-timeout", KERNEL_DIED: "kernel-died",
-             NOT_RUN: "not-run", "MemoryError": "memory-limit", "SystemExit": "system-exit"}
+             NOT_RUN: "not-run", "MemoryError": "memory-limit", "SystemExit": "system-exit",
+             **{ename: ("process" if kind == "processes" else kind) + "-limit" for kind, ename in LIMIT_ERRORS.items()}}
 OUTPUT_MARKS = (OUTPUT_CUT, "... Output truncated ...")     # ours while running, nbgrader's LimitOutput after
 NOT_OWN = "NotWrittenInNotebook"    # grader/integrity.py: a graded name holds imported code; its text is the reason
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -33,8 +35,19 @@ def _errors(cell) -> list:
     return [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
 
 
+def _incident(error) -> str | None:
+    """The note code of an error output the grader explains (a limit, a timeout, a dead kernel...), else None."""
+    ename, evalue = error.get("ename", ""), error.get("evalue", "")
+    if ename in INCIDENTS:
+        return INCIDENTS[ename]
+    if out_of_memory(ename, evalue):
+        return "memory-limit"
+    return "process-limit" if NO_MORE_PROCESSES.search(evalue) else None
+
+
 def cell_failure(cell) -> str:
-    """Why a graded code cell lost points, from its outputs ('' when nothing shows)."""
+    """Why a graded code cell lost points, from its outputs ('' when nothing shows): the check's own "✗ ... Fix: ..."
+    line or the exception, one line."""
     errors = _errors(cell)
     ours = [e for e in errors if e.get("ename") in INCIDENTS and e.get("ename") != "MemoryError"]
     for error in ours or errors:
@@ -47,20 +60,31 @@ def cell_failure(cell) -> str:
     return ""
 
 
-def incidents(nb: nbformat.NotebookNode, notebook: str) -> list[Note]:
-    """Notes for the things that went wrong while the notebook ran (timeouts, dead kernels, floods...)."""
+def incidents(nb: nbformat.NotebookNode, notebook: str, memory_limit: int = 0) -> list[Note]:
+    """Notes for the things that went wrong while the notebook ran (limits, timeouts, dead kernels, floods...), each
+    naming its cell. `memory_limit`: the kernel's, in bytes, named in a memory-limit note."""
     notes, not_run = [], None
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        label = grade_id(cell) or f"cell {index + 1}"
+        label = f"cell {index + 1}" + (f" ({grade_id(cell)})" if grade_id(cell) else "")
         for error in _errors(cell):
-            code = INCIDENTS.get(error.get("ename"))
+            code = _incident(error)
             if code == "not-run":
                 not_run = not_run or (label, _clean(error.get("evalue", "")))
             elif code:
                 detail = f"{label}: {error.get('ename')}: {_clean(error.get('evalue', ''))}".rstrip(": ")
+                if code == "memory-limit" and memory_limit and "limit of" not in detail:
+                    detail += f" (the memory limit is {memory_limit / GiB:.2f} GiB)"
                 notes.append(Note(code, detail, notebook, grade_id(cell)))
+        stderr = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                         if o.get("output_type") == "stream" and o.get("name") == "stderr").strip()
+        if not _errors(cell) and stderr and out_of_memory(stderr.splitlines()[-1], ""):
+            # the allocation failed inside IPython's own machinery: the traceback came out as plain text
+            detail = f"{label}: {_clean(stderr.splitlines()[-1])}"
+            if memory_limit:
+                detail += f" (the memory limit is {memory_limit / GiB:.2f} GiB)"
+            notes.append(Note("memory-limit", detail, notebook, grade_id(cell)))
         if any(mark in o.get("text", "") for o in cell.get("outputs", []) for mark in OUTPUT_MARKS):
             notes.append(Note("output-truncated", f"{label} printed too much; its output was cut", notebook,
                               grade_id(cell)))
@@ -83,19 +107,19 @@ class CellRow:
         return asdict(self)
 
 
-def applies(note: Note, notebook: str, gid: str, test_ids: set[str]) -> bool:
-    """Whether a note explains the row of test cell `gid`: notes about another test cell do not."""
-    if note.notebook is None:
-        return True
-    return note.notebook == notebook and (note.cell is None or note.cell == gid or note.cell not in test_ids)
+def own_notes(note: Note, notebook: str, gid: str) -> bool:
+    """Whether a note is about test cell `gid` itself (the others are about the submission: shown once, at the top)."""
+    return note.notebook == notebook and note.cell == gid
 
 
 def per_test_rows(scores: dict[tuple[str, str], tuple[float | None, float]], order: dict[str, list[str]],
                   executed: dict[str, nbformat.NotebookNode], notes: list[Note]) -> list[CellRow]:
     """Rows in notebook and cell order. `scores`: (notebook, grade_id) -> (auto score, max) from the gradebook;
-    `order`: notebook -> its test cells' grade_ids in source order; `executed`: the autograded notebooks."""
+    `order`: notebook -> its test cells' grade_ids in source order; `executed`: the autograded notebooks.
+
+    A row's reason is that test's own: its failure (the check's message or the exception) and the notes about that
+    cell; a notebook that was not graded gives its rows the notes about that notebook."""
     rows = []
-    test_ids = {gid for ids in order.values() for gid in ids}
     for notebook, ids in order.items():
         nb = executed.get(notebook)
         cells = {grade_id(c): c for c in nb.cells if nbgrader_meta(c).get("grade")} if nb else {}
@@ -105,15 +129,17 @@ def per_test_rows(scores: dict[tuple[str, str], tuple[float | None, float]], ord
             reasons = []
             if nb is None:
                 status = "missing"
+                reasons += [f"{n.code}: {n.detail}" for n in notes if n.notebook == notebook and n.cell is None]
+                reasons = reasons or ["the notebook could not be graded"]
             elif points >= top:
                 status = "passed"
             else:
                 status = "partial" if points > 0 else "failed"
                 if gid in cells:
                     reasons.append(cell_failure(cells[gid]) or ("partial credit" if points > 0 else ""))
-            for note in notes:
-                if applies(note, notebook, gid, test_ids):
-                    reasons.append(f"{note.code}: {note.detail}")
+            reasons += [f"{n.code}: {n.detail}" for n in notes if own_notes(n, notebook, gid)]
             reasons = list(dict.fromkeys(r for r in reasons if r))
+            if status in ("failed", "partial") and not reasons:
+                reasons = ["the test cell failed without a message (see the notebook)"]
             rows.append(CellRow(notebook, gid, points, float(top), status, "; ".join(reasons)))
     return rows

@@ -10,15 +10,42 @@ import json
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from grader import processes
 from grader.launch import die_with_parent
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (student, assignment) for a worker to grade: what `grader.grade` sends, `grader.worker` reads."""
+    workspace: str              # the grading workspace (grader.workspace.Workspace)
+    assignment: str
+    submission: str             # the student's folder for this assignment (only read)
+    course: str                 # the worker's scratch nbgrader course for this job
+    log: str                    # nbgrader's log and the kernels' output
+    memory: int                 # bytes per kernel
+    file_size: int              # bytes a kernel may write
+    threads: int
+    transport: str = "tcp"
+    cell_timeout: int | None = None
+    notebook_timeout: int = 0
+    compile_cache: str = ""     # a warm torch.compile cache for the kernels ("" for none)
+    runtime: str = ""           # set by the pool: the worker's folder for connection files and sockets
+    pids: str = ""              # set by the pool: where the worker records its kernels' pids
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, line: str) -> Job:
+        return cls(**json.loads(line))
 
 
 class _Worker:
@@ -36,20 +63,15 @@ class _Worker:
         self.job = None
         self.deadline = 0.0
 
-    def start(self, key, job: dict, limit: float) -> None:
+    def start(self, key, job: Job, limit: float) -> None:
         self.job, self.deadline = key, time.monotonic() + limit
-        self.proc.stdin.write(json.dumps({**job, "runtime": str(self.scratch), "pids": str(self.pids)}) + "\n")
+        self.proc.stdin.write(replace(job, runtime=str(self.scratch), pids=str(self.pids)).to_json() + "\n")
         self.proc.stdin.flush()
 
     def kill(self) -> None:
-        from grader.kernel import kill_recorded
-
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        processes.kill(self.proc.pid)
         self.proc.wait()
-        kill_recorded(self.pids)
+        processes.kill_recorded(self.pids)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def close(self) -> None:
@@ -95,13 +117,16 @@ class Pool:
         index = self.workers.index(worker)
         self.workers[index] = self._spawn(index)
 
-    def run(self, jobs: list[tuple[object, dict]], limit: float, on_result) -> None:
-        """Run (key, job) pairs; on_result(key, reply) gets {"ok": True} or {"ok": False, "error": ...}."""
+    def run(self, jobs: list[tuple[object, Job]], limit: float, on_result, hold=None) -> None:
+        """Run (key, job) pairs in order, skipping for now those `hold(job)` holds back; on_result(key, reply) gets
+        {"ok": True} or {"ok": False, "error": ...}."""
         pending = deque(jobs)
         while pending or any(w.job is not None for w in self.workers):
             for worker in self.workers:
-                if worker.job is None and pending:
-                    worker.start(*pending.popleft(), limit)
+                ready = next((item for item in pending if hold is None or not hold(item[1])), None)
+                if worker.job is None and ready is not None:
+                    pending.remove(ready)
+                    worker.start(*ready, limit)
             for selected, _ in self.selector.select(timeout=0.5):
                 worker = selected.data
                 line = worker.proc.stdout.readline()

@@ -52,8 +52,12 @@ def find_leaks(source: nbformat.NotebookNode, exercise: nbformat.NotebookNode, l
     - nbgrader markup left in the exercise, misspelt markers included (nbgrader ignores those, and leaves the code);
     - a line from between the markers (solution or hidden test) that the exercise shows although the source shows
       it nowhere outside the markers: nbgrader did not strip it;
-    - an exercise cell that repeats most of a solution (2/3 of its lines, at least 2; or its only line, when that
-      line has 24 characters or more): a lesson cell that gives the answer away.
+    - an exercise cell that repeats a solution: most of it (2/3 of its lines, at least 2), 3 consecutive lines of it,
+      one long line of it (over 60 characters), or its only line when that has 24 characters or more: a lesson cell
+      that gives the answer away. One short line (`scaler.update()` quoted in a hint) is not a leak.
+
+    The one leak check: `release` refuses on it, `check` reports it, and the tests call `leaks` (every notebook of
+    some assignments) or this function.
     """
     regions, public = [], {_norm(line) for line in stub.splitlines()}
     for cell in source.cells:
@@ -70,25 +74,35 @@ def find_leaks(source: nbformat.NotebookNode, exercise: nbformat.NotebookNode, l
         for line in sorted(lines & secret.keys()):
             problems.append(f"{where}: gives away the {secret[line]}: {line!r}")
         for kind, solution, owner in regions:
+            if kind != "solution":
+                continue
             shared = [line for line in dict.fromkeys(solution) if line in lines and line not in secret]
+            run = next((solution[i:i + 3] for i in range(len(solution) - 2)
+                        if all(line in lines for line in solution[i:i + 3])), None)
             enough = len(shared) >= max(2, -(-2 * len(solution) // 3)) or (
-                len(solution) == 1 and shared and len(shared[0]) >= 24)       # a one-line answer, not a common line
-            if kind == "solution" and shared and enough:
+                len(solution) == 1 and shared and len(shared[0]) >= 24) or any(len(x) > 60 for x in shared)
+            if shared and enough:
                 problems.append(f"{where}: repeats {len(shared)} of the {len(solution)} lines of the solution of "
                                 f"{owner}, e.g. {shared[0]!r}")
+            elif run:
+                problems.append(f"{where}: repeats 3 consecutive lines of the solution of {owner}: {run!r}")
     return problems
 
 
 def generate(names: list[str], solutions: Path, into: Path) -> Path:
-    """nbgrader generate_assignment for `names` in a scratch course at `into`; the released folder."""
+    """nbgrader generate_assignment (in this process) for `names` of `solutions`, in the course at `into` (a copy of
+    the sources goes to <into>/solutions unless they are there already); the released folder, <into>/exercises.
+
+    The one way the grader and the tests release exercises; its gradebook (<into>/gradebook.db) knows them."""
     from nbgrader.converters import GenerateAssignment
     from nbgrader.coursedir import CourseDirectory
 
     from grader.workspace import course_config
 
-    for name in names:
-        shutil.copytree(solutions / name, into / "solutions" / name,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    if (into / "solutions").resolve() != solutions.resolve():
+        for name in names:
+            shutil.copytree(solutions / name, into / "solutions" / name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     config = course_config(into)
     for name in names:
         coursedir = CourseDirectory(config=config)
@@ -97,8 +111,8 @@ def generate(names: list[str], solutions: Path, into: Path) -> Path:
     return into / "exercises"
 
 
-def leaks(names: list[str], solutions: Path, released: Path) -> list[str]:
-    """find_leaks for every notebook of `names`."""
+def leaks(names: list[str], solutions: Path = SOLUTIONS, released: Path = EXERCISES) -> list[str]:
+    """find_leaks for every notebook of `names` (by default: solutions/ against the committed exercises/)."""
     problems = []
     for name in names:
         for source in sorted((solutions / name).glob("*.ipynb")):

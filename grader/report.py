@@ -8,14 +8,15 @@ from __future__ import annotations
 import ast
 import csv
 import glob
-import html
 import io
 import logging
+import textwrap
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from grader.feedback_page import index_page
 from grader.nbtools import grade_id, nbgrader_meta, read
 from grader.workspace import Workspace, gradebook
 
@@ -139,17 +140,22 @@ def summary_rows(ws: Workspace, tests: list[dict]) -> list[dict]:
     return out
 
 
-def _plot(rows: list[dict], path: Path, students: int) -> Path:
+def summary_figure(rows: list[dict], students: int):
+    """The pass-rate bar chart, one bar per test cell, labelled with its whole description (wrapped)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['assignment']} · {r['grade_id']}" + (f"\n{r['checks'][:70]}" if r["checks"] else "") for r in rows]
+    # the whole description, wrapped: the label column is as wide as its longest line, the bars keep 6 inches
+    labels = [f"{r['assignment']} · {r['grade_id']}" + "".join(f"\n{line}" for line in textwrap.wrap(r["checks"], 60))
+              for r in rows]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    label_width = max(len(line) for label in labels for line in label.splitlines()) * 0.065
     rates = [100 * float(r["pass_rate"]) for r in rows]
     assignments = sorted({r["assignment"] for r in rows})
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(assignments)}
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(rows)))
+    fig, ax = plt.subplots(figsize=(6 + label_width, 1.2 + 0.3 * lines + 0.15 * len(rows)))
     bars = ax.barh(range(len(rows)), rates, color=[colours[r["assignment"]] for r in rows])
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -161,7 +167,14 @@ def _plot(rows: list[dict], path: Path, students: int) -> Path:
         ax.text(rate - 1 if inside else rate + 1, bar.get_y() + bar.get_height() / 2, f"{rate:.0f}%", va="center",
                 ha="right" if inside else "left", color="white" if inside else "black", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
+
+
+def _plot(rows: list[dict], path: Path, students: int) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = summary_figure(rows, students)
+    fig.savefig(path, dpi=120, bbox_inches="tight")       # never cut a label, whatever the font
     plt.close(fig)
     return path
 
@@ -224,25 +237,6 @@ def _feedback_one(root: str, student: str, assignment: str) -> str | None:
     return None
 
 
-def _index_page(student: str, assignment: str, tests: list[dict], notebooks: list[str]) -> str:
-    """feedback/<student>/<assignment>/index.html: every test cell with its points and the reason, and the notebooks."""
-    def cell(text) -> str:
-        return f"<td>{html.escape(str(text))}</td>"
-
-    body = "".join(f"<tr>{cell(r['notebook'])}{cell(r['grade_id'])}{cell(r['points'] + ' / ' + r['max_points'])}"
-                   f"{cell(r['status'])}{cell(r['reason'])}</tr>" for r in tests)
-    points = sum(float(r["points"]) for r in tests)
-    top = sum(float(r["max_points"]) for r in tests)
-    links = "".join(f'<li><a href="{html.escape(n)}.html">{html.escape(n)}.ipynb</a></li>' for n in notebooks)
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(assignment)}</title>"
-            "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px 8px;"
-            "vertical-align:top}table{border-collapse:collapse}</style></head><body>"
-            f"<h1>{html.escape(assignment)}: {points:g} / {top:g} points</h1><p>Student: {html.escape(student)}</p>"
-            "<table><tr><th>notebook</th><th>test</th><th>points</th><th>status</th><th>why</th></tr>"
-            f"{body}</table><h2>Your graded notebooks</h2><ul>{links or '<li>none could be graded</li>'}</ul>"
-            "</body></html>\n")
-
-
 def feedback(ws: Workspace, jobs: int, force: bool = False, echo=print) -> list[str]:
     """HTML feedback for every graded submission: nbgrader generate_feedback for each graded notebook (`jobs` at a
     time, only where it is missing: regrading removes it), and an index.html per submission with every test cell,
@@ -256,11 +250,13 @@ def feedback(ws: Workspace, jobs: int, force: bool = False, echo=print) -> list[
     by_unit: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in per_test_rows(ws):
         by_unit[(row["student_id"], row["assignment"])].append(row)
+    ledgers = ws.ledgers()
     for (student, assignment), tests in by_unit.items():
         folder = ws.root / "feedback" / student / assignment
         folder.mkdir(parents=True, exist_ok=True)
         notebooks = sorted(p.stem for p in folder.glob("*.html") if p.name != "index.html")
-        (folder / "index.html").write_text(_index_page(student, assignment, tests, notebooks))
+        notes = ledgers.get((student, assignment), {}).get("notes", [])
+        (folder / "index.html").write_text(index_page(student, assignment, tests, notes, notebooks))
     echo(f"feedback: {len(todo) - len(errors)} submissions converted, {len(by_unit)} index pages, in "
          f"{ws.root / 'feedback'}")
     for error in errors:

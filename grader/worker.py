@@ -21,6 +21,8 @@ from grader import outcome
 from grader.execute import START_FAILURES, KernelStartError
 from grader.intake import Note, take_in
 from grader.nbtools import grade_id, nbgrader_meta, read
+from grader.pool import Job
+from grader.sandbox import SandboxIntegrityError, read_events
 from grader.workspace import Workspace, course_config, gradebook, write_json
 
 ALIAS = "student"
@@ -64,15 +66,15 @@ def _scores(course: Path, assignment: str, graded: set[str]) -> dict[tuple[str, 
                 for nb in submission.notebooks for g in nb.grades}
 
 
-def grade_unit(job: dict) -> None:
+def grade_unit(job: Job) -> None:
     """Grade one (student, assignment) described by `job`; writes <course>/result.json."""
-    ws = Workspace(Path(job["workspace"]))
-    assignment, course = job["assignment"], Path(job["course"])
+    ws = Workspace(Path(job.workspace))
+    assignment, course = job.assignment, Path(job.course)
     shutil.rmtree(course, ignore_errors=True)
     source = course / "solutions" / assignment
     shutil.copytree(ws.root / "solutions" / assignment, source)
     shutil.copy(ws.work / "template.db", course / "gradebook.db")
-    log = Path(job["log"])
+    log = Path(job.log)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     handler = logging.FileHandler(log)
@@ -83,27 +85,29 @@ def grade_unit(job: dict) -> None:
     root_logger.handlers, root_logger.level = [handler], logging.INFO
     started = time.monotonic()
 
-    intake = take_in(Path(job["submission"]), source, ws.root / "exercises" / assignment,
+    intake = take_in(Path(job.submission), source, ws.root / "exercises" / assignment,
                      course / "submitted" / ALIAS / assignment)
-    options = job["options"]
-    config = course_config(course, cell_timeout=options["cell_timeout"], notebook_timeout=options["notebook_timeout"],
-                           memory=options["memory"], file_size=options["file_size"], threads=options["threads"],
-                           transport=options["transport"], sandbox=True,
-                           # TMPDIR stays the machine's: torch.compile caches its kernels there (cold: +20 s)
-                           kernel_paths={"runtime_dir": job["runtime"], "pid_dir": job["pids"], "log_path": log})
-    config.SandboxedGraderKernelManager.events_path = str(log.with_suffix(".sandbox.jsonl"))
+    config = course_config(course, cell_timeout=job.cell_timeout, notebook_timeout=job.notebook_timeout,
+                           memory=job.memory, file_size=job.file_size, threads=job.threads, transport=job.transport,
+                           sandbox=True, compile_cache=job.compile_cache,
+                           kernel_paths={"runtime_dir": job.runtime, "pid_dir": job.pids, "log_path": log})
+    config.SandboxedKernelManager.events_path = str(log.with_suffix(".sandbox.jsonl"))
+    log.with_suffix(".sandbox.jsonl").unlink(missing_ok=True)
     before = _files(course)
     notes, graded = list(intake.notes), set()
+    events = log.with_suffix(".sandbox.jsonl")
     for name in intake.notebooks:
         failures = len(START_FAILURES)
+        seen = len(read_events(events))
         try:
             _autograde(config, assignment, name)
             graded.add(name)
         except Exception as exc:  # noqa: BLE001 - one notebook's failure must not lose the others
-            from grader.sandbox import SandboxIntegrityError
-
-            if isinstance(exc, SandboxIntegrityError):
-                notes.append(Note("integrity", f"{name}.ipynb: {exc}; scored 0", name))
+            # nbgrader wraps what the kernel manager raised (NbGraderException): the sandbox's record says what it was
+            integrity = [e for e in read_events(events)[seen:] if e.get("event") == "integrity" and not e.get("graded")]
+            if isinstance(exc, SandboxIntegrityError) or integrity:
+                why = integrity[0]["reason"] if integrity else str(exc)
+                notes.append(Note("integrity", f"{name}.ipynb: {why}; scored 0", name))
                 continue
             if len(START_FAILURES) > failures:    # not the student's doing: do not score, fail the job
                 raise KernelStartError(f"{name}.ipynb: {START_FAILURES[-1]} (see {log})") from exc
@@ -128,7 +132,7 @@ def grade_unit(job: dict) -> None:
 
     executed = {name: read(output / f"{name}.ipynb") for name in graded if (output / f"{name}.ipynb").is_file()}
     for name, nb in executed.items():
-        notes.extend(outcome.incidents(nb, name))
+        notes.extend(outcome.incidents(nb, name, memory_limit=job.memory))
     order = {name: [grade_id(c) for c in nb.cells if nbgrader_meta(c).get("grade")] for name, nb in sources.items()}
     rows = outcome.per_test_rows(scores, order, executed, notes)
     write_json(course / "result.json", {
@@ -149,7 +153,7 @@ def serve() -> None:
     course_config(Path.cwd())                                  # loads nbgrader_config.py, patches alembic's lookup
     nbformat.validate(nbformat.v4.new_notebook())
     for line in sys.stdin:
-        job = json.loads(line)
+        job = Job.from_json(line)
         try:
             grade_unit(job)
             reply = {"ok": True}

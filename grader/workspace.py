@@ -11,6 +11,7 @@
       state/<s>/<a>.json          per submission: its fingerprint, notes, per-test reasons (what resume reads)
       logs/<s>/<a>.log            nbgrader's log and the kernels' own output for that submission
       work/                       scratch courses of submissions being graded now
+      compile-cache/<key>/        the warm torch.compile cache every kernel starts from (grader.compile_cache)
       grades.csv  tests.csv  summary.csv  summary.md  summary.png
 """
 from __future__ import annotations
@@ -84,17 +85,18 @@ def gradebook(path: Path):
 
 def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeout: int = 0, memory: int = 0,
                   file_size: int = 0, threads: int = 0, transport: str = "tcp", kernel_paths: dict | None = None,
-                  sandbox: bool = False) -> Config:
+                  sandbox: bool = False, compile_cache: str = "") -> Config:
     """nbgrader configuration for the course at `root`, with the grader's executor and kernel manager.
 
     `kernel_paths` may set GraderKernelManager's runtime_dir, tmp_dir, pid_dir and log_path. With `sandbox`, student
-    kernels run in the bubblewrap sandbox (grader/sandbox.py).
+    kernels run in the bubblewrap sandbox (grader/sandbox/), starting from the warm `compile_cache` when given.
     """
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute
 
     from grader.execute import GraderExecute
-    from grader.kernel import GraderKernelManager, SandboxedGraderKernelManager
+    from grader.kernel import GraderKernelManager
+    from grader.sandbox import SandboxedKernelManager
 
     use_nbgrader_in_process()
     config = load_course_config()
@@ -102,18 +104,15 @@ def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeo
     config.Autograde.autograde_preprocessors = [
         GraderExecute if pp is Execute else pp for pp in Autograde.class_traits()["autograde_preprocessors"].default()]
     config.OverwriteCells.add_missing_cells = True
-    config.Execute.kernel_manager_class = SandboxedGraderKernelManager if sandbox else GraderKernelManager
+    config.Execute.kernel_manager_class = SandboxedKernelManager if sandbox else GraderKernelManager
     if cell_timeout:
         config.Execute.timeout = int(cell_timeout)
     config.GraderExecute.notebook_timeout = int(notebook_timeout)
     manager = config.GraderKernelManager
     manager.memory_limit, manager.file_size_limit, manager.threads = int(memory), int(file_size), int(threads)
     manager.transport = transport
-    if sandbox and memory:
-        # RLIMIT_DATA (above) turns one process's runaway allocation into a MemoryError in its cell, which keeps the
-        # points earned before it; the sandbox's watchdog, a quarter higher, stops a kernel whose processes together
-        # (forks, DataLoader workers) pass the limit.
-        config.SandboxedGraderKernelManager.sandbox_memory = str(int(memory * 1.25))
+    if compile_cache:
+        config.SandboxedKernelManager.compile_cache = str(compile_cache)
     for name, value in (kernel_paths or {}).items():
         setattr(manager, name, str(value))
     return config

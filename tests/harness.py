@@ -12,7 +12,9 @@ import importlib.util
 import io
 import os
 import sys
+import threading
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -28,6 +30,7 @@ class CellResult:
     grade_id: str
     passed: bool
     error: str = ""
+    stderr: str = ""  # warnings and stderr text the cell let out: nbgrader zeroes a cell that writes any
 
 
 def _is_setup(cell) -> bool:
@@ -79,12 +82,17 @@ def run_function_tests(notebook: Path, function: str, replacement: str | None = 
                         for t in test_cells_for(nb, function)]
     results = []
     for cell in test_cells_for(nb, function):
-        try:  # graded mode, as under nbgrader: a failed check raises (course.checks.graded) instead of printing
-            with mock.patch.dict(os.environ, {"NBGRADER_EXECUTION": "autograde"}):
-                _exec(cell.source, ns, grade_id(cell))
-            results.append(CellResult(grade_id(cell), True))
-        except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
-            results.append(CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}"))
+        err = io.StringIO()
+        with warnings.catch_warnings(record=True) as escaped, contextlib.redirect_stderr(err):
+            warnings.simplefilter("always")
+            try:  # graded mode, as under nbgrader: a failed check raises (course.checks.graded) instead of printing
+                with mock.patch.dict(os.environ, {"NBGRADER_EXECUTION": "autograde"}):
+                    _exec(cell.source, ns, grade_id(cell))
+                result = CellResult(grade_id(cell), True)
+            except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
+                result = CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}")
+        result.stderr = err.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in escaped)
+        results.append(result)
     return results
 
 
@@ -124,6 +132,7 @@ if __name__ == "__main__":
 _PLANNED: dict[str, list[Variant]] = {}
 _GRADED: dict[str, dict | BaseException] = {}
 _SCRATCH: list[Path] = []
+_RELEASING = threading.Lock()
 
 
 def plan(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) -> None:
@@ -146,11 +155,12 @@ def _scratch() -> Path:
 def _grade(assignment: str, variants: list[Variant]) -> dict:
     import shutil
 
-    from grader.nbtools import cell_scores, generate, make_course, nbgrader
+    from grader.nbtools import SOLUTIONS, cell_scores, nbgrader
+    from grader.release import generate
 
     root = _scratch() / f"{assignment}-{len(list(_scratch().glob(assignment + '-*')))}"
-    make_course(root, [assignment])
-    released = generate(root, assignment)
+    with _RELEASING:  # nbgrader's converters run in this process: one release at a time
+        released = generate([assignment], SOLUTIONS, root) / assignment
     for student, folder in (("solution", root / "solutions" / assignment), ("exercise", released)):
         dest = root / "submitted" / student / assignment
         dest.mkdir(parents=True)

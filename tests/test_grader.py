@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import html
 import io
 import os
 import shutil
@@ -23,6 +24,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from grader import fixture, sandbox
+from grader.feedback_page import PLAIN
 from grader.nbtools import ROOT, config_env, read
 
 # student -> (kind for fixture.make_student, expected points, note codes that must be recorded)
@@ -51,6 +53,9 @@ CLASS = {
 }
 SERIAL = ["os-exit", "truncated", "wrong-odd"]
 LIMITS = ["--timeout", "4", "--memory", "512M"]
+SERIAL_LIMITS = ["--timeout", "4", "--memory", "0.5GiB"]     # the same limit, written another way
+# notes about the submission as a whole: shown once at the top of the feedback page, never in a test's row
+SUBMISSION_LEVEL = ("extra-files", "renamed", "kernel-name", "memory-limit", "wrote-files")
 
 
 def grader(*args: str) -> str:
@@ -102,12 +107,14 @@ def test_each_submission_gets_the_points_it_earned_with_the_reason(graded, stude
     got = sum(float(r["points"]) for r in mine)
     assert got == points, f"{student} ({kind}): {got} points, expected {points}:\n" + "\n".join(map(str, mine))
     assert all(float(r["max_points"]) == fixture.POINTS[r["grade_id"]] for r in mine)
-    reasons = " ".join(r["reason"] for r in mine)
-    for code in codes:
-        assert f"{code}:" in reasons, f"{student}: no {code!r} reason in tests.csv: {reasons!r}"
     for row in mine:
         if row["status"] != "passed":
             assert row["reason"], f"{student}: {row['grade_id']} lost points without a reason"
+        assert not any(f"{code}:" in row["reason"] for code in SUBMISSION_LEVEL), \
+            f"{student}: a submission-level note in the row of {row['grade_id']}: {row['reason']!r}"
+    page = (out / "feedback" / student / fixture.ASSIGNMENT / "index.html").read_text()
+    for code in codes:
+        assert html.escape(PLAIN[code]) in page, f"{student}: the feedback page does not explain {code!r}"
     grade = [r for r in rows(out / "grades.csv") if r["student_id"] == student]
     assert len(grade) == 1 and float(grade[0]["score"]) == points and float(grade[0]["max_score"]) == 15
     assert set(filter(None, grade[0]["notes"].split(", "))) >= codes
@@ -141,6 +148,33 @@ def test_gradebook_feedback_and_summary(graded):
     assert "test_square" in stdout
 
 
+def test_feedback_page_explains_a_memory_bomb_once_and_keeps_the_points(graded):
+    """The bomb's page: memory-limit once at the top with the cell and the limit; every test keeps its points."""
+    _, _, out, _ = graded
+    page = (out / "feedback" / "memory" / fixture.ASSIGNMENT / "index.html").read_text()
+    assert "15 / 15 points" in page and page.count(html.escape(PLAIN["memory-limit"])) == 1
+    assert "MemoryError" in page and "0.50 GiB" in page and "(square)" in page, page
+    assert "grader-error" not in page and "integrity" not in page
+    tampered = (out / "feedback" / "tampered" / fixture.ASSIGNMENT / "index.html").read_text()
+    assert tampered.count(html.escape(PLAIN["metadata-edited"])) == 1, "one line for all the edited cells"
+
+
+def test_summary_figure_shows_whole_descriptions():
+    """summary.png: a long test description is wrapped, not cut, and every label lies inside the saved picture."""
+    from grader.report import summary_figure
+
+    long = ("Check that the training step moves the model, the batch and the loss to the device, scales the loss "
+            "and steps the optimiser exactly once per batch")
+    rows = [{"assignment": "04-amp", "grade_id": f"test_{i}", "checks": long if i else "short", "pass_rate": "0.5"}
+            for i in range(3)]
+    fig = summary_figure(rows, 10)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert " ".join(labels[1].split()).endswith(long), labels[1]
+    fig.canvas.draw()
+    for tick in fig.axes[0].get_yticklabels():
+        assert tick.get_window_extent().x0 >= 0, f"the label {tick.get_text()!r} starts left of the picture"
+
+
 def test_written_files_are_removed_and_autograded_copies_kept(graded):
     _, _, out, _ = graded
     folder = out / "autograded" / "writes-files" / fixture.ASSIGNMENT
@@ -157,7 +191,8 @@ def serial(graded, tmp_path_factory):
     subset, out = root / "submissions", root / "grading"
     for student in SERIAL:
         shutil.copytree(submissions / student, subset / student)
-    args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "1", *LIMITS]
+    args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "1",
+            *SERIAL_LIMITS]
     proc = subprocess.Popen([sys.executable, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, **config_env()})
     first = None
@@ -193,7 +228,8 @@ def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path)
     shutil.copytree(out, tmp_path / "grading")
     shutil.copytree(subset, tmp_path / "submissions")
     out, subset = tmp_path / "grading", tmp_path / "submissions"
-    args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "2", *LIMITS]
+    args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "2",
+            *SERIAL_LIMITS]
     before = (out / "tests.csv").read_bytes()
     assert f"graded 0, unchanged {len(SERIAL)}" in grader(*args)
     grader("export", "--out", str(out))
@@ -211,7 +247,7 @@ def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path)
 
 # ---------------------------------------------------------------- the executor and the kernel launch point
 
-def _execute(sources: list[str], tmp_path: Path, **config) -> nbformat.NotebookNode:
+def _execute(sources: list[str], tmp_path: Path, manager=None, **config) -> nbformat.NotebookNode:
     from traitlets.config import Config
 
     from grader.execute import GraderExecute
@@ -223,7 +259,7 @@ def _execute(sources: list[str], tmp_path: Path, **config) -> nbformat.NotebookN
         cfg[section][name] = value
     nb = new_notebook(cells=[new_code_cell(s) for s in sources])
     nb.metadata["kernelspec"] = {"name": "not-a-kernel", "display_name": "?", "language": "python"}
-    executor = GraderExecute(config=cfg, kernel_manager_class=GraderKernelManager)
+    executor = GraderExecute(config=cfg, kernel_manager_class=manager or GraderKernelManager)
     nb, _ = executor.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
     return nb
 
@@ -242,6 +278,44 @@ def test_notebook_timeout_and_exit_leave_the_other_cells_their_points(tmp_path):
     assert _errors(nb.cells[4]) == ["NotRun"]
 
 
+BOMBS = {   # kind of limit -> a cell that passes it (the sandbox's limits are set small in the test below)
+    "memory": ("import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n        hog = b'x' * (120 << 20)\n"
+               "        time.sleep(60)\nhog = b'x' * (120 << 20)\ntime.sleep(60)"),   # each process under RLIMIT_DATA
+    "cpu": "while True:\n    pass",
+    "process": ("import threading, time\nthreading.stack_size(1 << 18)\nfor _ in range(200):\n    try:\n"
+                "        threading.Thread(target=time.sleep, args=(60,)).start()\n    except RuntimeError:\n"
+                "        pass\ntime.sleep(30)"),
+    # paced, so that the kernel's own send buffers (under the memory limit) never outrun a busy grader's reading
+    "output": "import time\nwhile True:\n    print('x' * 10000)\n    time.sleep(0.002)",
+}
+
+
+@pytest.mark.skipif(not sandbox.status()[0], reason=f"no sandbox here: {sandbox.status()[1]}")
+def test_each_limit_is_reported_as_itself_and_earlier_cells_keep_their_work(tmp_path):
+    """Memory (all processes together), CPU time, processes and output: the kernel is stopped in the bomb's cell,
+    which is marked <kind>-limit with the limit; the cells before it keep their results and the next cells run."""
+    from grader import outcome
+    from grader.sandbox import SandboxedKernelManager
+
+    sources = ["a = 1"]
+    for bomb in BOMBS.values():
+        sources += [bomb, "print(a)"]
+    work = tmp_path / "autograded" / "bombs" / "ps1"
+    work.mkdir(parents=True)
+    nb = _execute(sources, work, manager=SandboxedKernelManager,
+                  GraderExecute__timeout=60, GraderExecute__max_kernel_restarts=len(BOMBS),
+                  SandboxedKernelManager__sandbox_memory="512M", SandboxedKernelManager__sandbox_cpu=6,
+                  SandboxedKernelManager__sandbox_processes=40, SandboxedKernelManager__sandbox_output="300k")
+    notes = outcome.incidents(nb, "bombs", memory_limit=512 << 20)
+    for i, kind in enumerate(BOMBS):
+        cell = 2 * i + 1
+        assert _errors(nb.cells[cell]) == [f"{kind.capitalize() if kind != 'cpu' else 'CPU'}Limit"], \
+            (kind, nb.cells[cell].outputs[-3:])
+        assert [o.text for o in nb.cells[cell + 1].outputs] == ["1\n"], f"after the {kind} bomb"
+        mine = [n for n in notes if n.code == f"{kind}-limit"]
+        assert mine and mine[0].detail.startswith(f"cell {cell + 1}: ") and "limit of" in mine[0].detail, notes
+
+
 def test_kernel_gets_its_thread_share_limits_and_ipc_transport(tmp_path):
     """Any kernelspec name: the grader's Python; OMP/MKL threads and the memory limit set; ipc sockets work."""
     code = ("import os, resource, sys\n"
@@ -251,6 +325,20 @@ def test_kernel_gets_its_thread_share_limits_and_ipc_transport(tmp_path):
                   GraderKernelManager__transport="ipc", GraderKernelManager__runtime_dir=str(tmp_path / "rt"))
     assert nb.cells[0].outputs[0].text.split() == ["3", "3", "0", str(2**31), sys.executable]
     assert not list((tmp_path / "rt").iterdir()), "connection file and ipc sockets left behind"
+
+
+def test_sizes_are_read_one_way_everywhere():
+    """`--memory`, `--max-file-size` and GRADER_SANDBOX_* all go through grader.limits.parse_size."""
+    from grader.limits import Limits, parse_size
+
+    assert [parse_size(t) for t in ("4G", "1.5GiB", "512M", "64k", "2GB", "1000", 7)] == [
+        4 * 2**30, 3 * 2**29, 2**29, 2**16, 2**31, 1000, 7]
+    with pytest.raises(ValueError, match="not a size: '1.5 gigs'"):
+        parse_size("1.5 gigs")
+    limits = Limits.from_env({"GRADER_SANDBOX_MEMORY": "1.5GiB", "GRADER_SANDBOX_CPU": "60"}, processes=9)
+    assert (limits.memory, limits.cpu, limits.processes, limits.watchdog_memory) == (3 << 29, 60, 9, 15 << 27)
+    assert limits.rlimits(per_kernel_uid=False) == {"core": 0, "data": 3 << 29, "cpu": 60, "fsize": limits.disk}
+    assert limits.rlimits(per_kernel_uid=True)["nproc"] == 9
 
 
 # ---------------------------------------------------------------- release and check
@@ -283,3 +371,21 @@ def test_release_refuses_leaks_and_check_validates(tmp_path):
     problems = find_leaks(source, unstripped, "fixture")
     assert any("contains nbgrader markup" in p for p in problems)
     assert any("gives away the solution of square" in p for p in problems)
+
+
+def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
+    """A lesson cell that pastes 3 lines of a longer solution is a leak; one short line quoted in a hint is not."""
+    from grader.release import find_leaks
+
+    def notebook(*sources: str) -> nbformat.NotebookNode:
+        return new_notebook(cells=[new_code_cell(source) for source in sources])
+
+    solution = ("def f(x, device):\n    ### BEGIN SOLUTION\n    y = torch.as_tensor(x)\n"
+                "    y = y.to(device, non_blocking=True)\n    z = y.float().mean()\n    w = z * 2 + 1\n"
+                "    v = w.clamp(min=0)\n    return v.item()\n    ### END SOLUTION\n")
+    stub = "def f(x, device):\n    raise NotImplementedError()\n"
+    pasted = "print('lesson')\ny = torch.as_tensor(x)\ny = y.to(device, non_blocking=True)\nz = y.float().mean()\n"
+    hint = "checks.check(ok, 'copies overlap', 'write y = y.to(device, non_blocking=True)')\n"
+    problems = find_leaks(notebook(solution, pasted), notebook(stub, pasted), "nb")    # a lesson cell repeats it
+    assert any("3 consecutive lines of the solution of a cell" in p for p in problems), problems
+    assert find_leaks(notebook(solution, hint), notebook(stub, hint), "nb") == []

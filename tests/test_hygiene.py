@@ -77,44 +77,29 @@ def test_notebook_is_clean(path: Path):
     assert not duplicates, f"{path}: duplicate grade_ids {duplicates}"
 
 
-def _solution_blocks(source: str) -> list[list[str]]:
-    """The substantive lines of each BEGIN/END SOLUTION region (blank lines and comments dropped)."""
-    blocks, inside = [], False
-    for line in source.splitlines():
-        if "### BEGIN SOLUTION" in line:
-            inside = True
-            blocks.append([])
-        elif "### END SOLUTION" in line:
-            inside = False
-        elif inside and line.strip() and not line.strip().startswith("#"):
-            blocks[-1].append(line.split("  #")[0].strip())
-    return blocks
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_exercise_leaks_no_solution(assignment: str):
+    """No released exercise contains solution markers, hidden tests, or the solution code itself (grader.release's
+    leak check, the one `make release` and `python -m grader check` use)."""
+    from grader.release import leaks
+
+    problems = leaks([assignment])
+    assert not problems, f"{problems[:3]}; {FIX_RELEASE}"
 
 
-def _leaks(blocks: list[list[str]], code: str) -> list[str]:
-    """Solution code found in the exercise: three consecutive solution lines, or one long line, appearing verbatim.
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_the_library_holds_no_answer(assignment: str):
+    """No module of the installed `course` package has a function or class under a graded name of this notebook."""
+    import pkgutil
 
-    A single short line such as `scaler.update()` may fairly appear in a hint; a run of lines is the solution itself.
-    """
-    lines = {line.strip() for line in code.splitlines()}
-    leaked = []
-    for block in blocks:
-        leaked += [line for line in block if len(line) > 60 and line in lines]
-        leaked += ["\n".join(block[i:i + 3]) for i in range(len(block) - 2)
-                   if all(len(x) > 8 and x in lines for x in block[i:i + 3])]
-    return leaked
-
-
-@pytest.mark.parametrize("path", nbtools.notebooks(nbtools.EXERCISES), ids=lambda p: str(p.relative_to(ROOT)))
-def test_exercise_leaks_no_solution(path: Path):
-    """No released exercise contains solution markers, hidden tests, or the solution code itself."""
-    text = path.read_text()
-    for marker in nbtools.SOLUTION_MARKERS:
-        assert marker not in text, f"{path}: contains '{marker}'; {FIX_RELEASE}"
-    source = nbtools.read(nbtools.SOLUTIONS / path.relative_to(nbtools.EXERCISES))
-    code = "\n".join(c.source for c in nbtools.read(path).cells)
-    leaked = [x for c in source.cells for x in _leaks(_solution_blocks(c.source), code)]
-    assert not leaked, f"{path}: solution code appears in the exercise: {leaked[:3]}"
+    graded = {name for nb in nbtools.notebooks(nbtools.SOLUTIONS) if nb.parent.name == assignment
+              for name in harness.graded_functions(nbtools.read(nb))}
+    assert graded, f"solutions/{assignment} has no graded function"
+    for info in pkgutil.walk_packages(course.__path__, "course."):
+        module = importlib.import_module(info.name)
+        found = [n for n in graded if inspect.isfunction(getattr(module, n, None))
+                 or inspect.isclass(getattr(module, n, None))]
+        assert not found, f"{info.name} defines or re-exports {found}: the answer must live only in its solution cell"
 
 
 def _comparable(nb) -> list:
@@ -143,16 +128,6 @@ def test_exercises_match_a_fresh_release(assignment: str):
 def test_checks_cover_an_empty_course(tmp_path: Path):
     """The release and listing tools work on a course with no notebooks yet."""
     assert nbtools.notebooks(tmp_path) == [] and nbtools.assignments(tmp_path) == []
-
-
-def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
-    """The leak check flags solution code pasted into an exercise, not one short line quoted in a hint."""
-    solution = ("def f(x):\n    ### BEGIN SOLUTION\n    y = torch.as_tensor(x)\n"
-                "    y = y.to(device, non_blocking=True)\n    return y.float().mean()\n    ### END SOLUTION\n")
-    blocks = _solution_blocks(solution)
-    pasted = "print('lesson')\ny = torch.as_tensor(x)\ny = y.to(device, non_blocking=True)\nreturn y.float().mean()\n"
-    hint = "checks.check(ok, 'copies overlap', 'write y = y.to(device, non_blocking=True)')\n"
-    assert _leaks(blocks, pasted) and not _leaks(blocks, hint)
 
 
 # ---------------------------------------------------------------------------------------------- back-links

@@ -36,7 +36,7 @@ def test_catalogue_covers_every_graded_function(catalogue: Path):
 
 @pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda p: p.stem)
 def test_catalogue_variants_are_judged_right(catalogue: Path):
-    """Wrong variants fail their function's test cells; correct variants pass them."""
+    """Wrong variants fail their function's test cells; correct variants pass them with nothing on stderr."""
     notebook = _notebook(catalogue.stem)
     problems = []
     for v in load_catalogue(catalogue):
@@ -48,6 +48,10 @@ def test_catalogue_variants_are_judged_right(catalogue: Path):
             detail = "; ".join(f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed)
             verdict = "wrong, not caught" if v.wrong else "correct, failed: " + detail
             problems.append(f"{v.function}/{v.name} ({verdict})")
+        elif not v.wrong and any(r.stderr for r in results):
+            # nbgrader would zero these cells: a correct answer must not lose points to a warning
+            leaked = "; ".join(f"{r.grade_id}: {r.stderr[:200]}" for r in results if r.stderr)
+            problems.append(f"{v.function}/{v.name} (correct, but its test cells write to stderr: {leaked})")
     assert not problems, f"{catalogue.name}: " + " | ".join(problems)
 
 

@@ -1,0 +1,47 @@
+"""The grader's side of a sandboxed kernel's client: count the cells run, mark test cells, meter the output.
+
+Test cells (recognised by the sha256 of their source, read from the notebooks before the kernel started) are sent
+with a secret cell id, so the integrity guard inside knows when a test runs without the notebook telling it.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grader.sandbox.box import KernelSandbox
+
+
+def instrument(kc, sandbox: KernelSandbox) -> None:
+    """Wrap `kc.execute` (cell count, test marker) and its iopub channel (output metering) for `sandbox`."""
+    original = kc.execute
+
+    def execute(code, silent=False, store_history=True, user_expressions=None, allow_stdin=None,
+                stop_on_error=True):
+        if silent or hashlib.sha256(code.encode()).hexdigest() not in sandbox.test_sources:
+            if not silent:
+                sandbox.executes += 1
+            return original(code, silent, store_history, user_expressions, allow_stdin, stop_on_error)
+        sandbox.executes += 1
+        content = {"code": code, "silent": False, "store_history": store_history,
+                   "user_expressions": user_expressions or {},
+                   "allow_stdin": kc.allow_stdin if allow_stdin is None else allow_stdin,
+                   "stop_on_error": stop_on_error}
+        msg = kc.session.msg("execute_request", content, metadata={"cellId": sandbox.test_marker})
+        kc.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
+
+    kc.execute = execute
+    base = kc.iopub_channel_class
+    if inspect.iscoroutinefunction(base.get_msg):
+        async def get_msg(self, *args, **kwargs):
+            msg = await base.get_msg(self, *args, **kwargs)
+            sandbox.count_output(msg)
+            return msg
+    else:
+        def get_msg(self, *args, **kwargs):
+            msg = base.get_msg(self, *args, **kwargs)
+            sandbox.count_output(msg)
+            return msg
+    kc.iopub_channel_class = type(f"Metered{base.__name__}", (base,), {"get_msg": get_msg})
