@@ -11,6 +11,7 @@ is there.
 from __future__ import annotations
 
 import html
+import io
 import os
 import re
 import sys
@@ -53,9 +54,14 @@ class graded:  # noqa: N801 - used like a function: `with checks.graded("pick_de
 
     def __init__(self, name: str, *more: str) -> None:
         self.names, self.grading, self.not_own, self.namespace = (name, *more), True, None, {}
+        self._stderr: Any = None
+        self._caught = io.StringIO()
 
     def __enter__(self) -> graded:
         __tracebackhide__ = True
+        # nbgrader scores 0 for a test cell that writes anything to stderr: a text progress bar or a stray warning
+        # from correct code must not cost points, so the cell's stderr is caught and shown on stdout as a note.
+        self._stderr, sys.stderr = sys.stderr, self._caught
         self.grading = grading()  # decided before any of the learner's code runs in this cell
         namespace = self.namespace = sys._getframe(1).f_globals  # the notebook's globals: the test cell's frame
         reasons = [why for n in self.names if n in namespace and (why := why_not_own(n, namespace[n]))]
@@ -67,6 +73,9 @@ class graded:  # noqa: N801 - used like a function: `with checks.graded("pick_de
 
     def __exit__(self, kind: type | None, error: BaseException | None, tb: TracebackType | None) -> bool:
         __tracebackhide__ = True
+        if sys.stderr is self._caught:
+            sys.stderr = self._stderr
+        _note_stderr(self._caught.getvalue())
         if kind is not None and not issubclass(kind, Exception):
             return False
         line = None if kind is None else self._line(error, tb)
@@ -108,6 +117,14 @@ class graded:  # noqa: N801 - used like a function: `with checks.graded("pick_de
             return (f"✗ `{missing}` is not defined. Fix: run the cell that defines `{missing}` first "
                     "(Run > Run All Cells)")
         return None
+
+
+def _note_stderr(text: str) -> None:
+    """What the code under test wrote to stderr, as a short note on stdout (progress bars keep their last state)."""
+    lines = [part.strip() for line in text.splitlines() for part in line.split("\r")[-1:] if part.strip()]
+    if lines:
+        shown = "\n  ".join(lines[-5:])
+        print(f"note: the code under test wrote to stderr (shown here; it costs no points):\n  {shown}")
 
 
 def _innermost(tb: TracebackType | None) -> Any:

@@ -449,3 +449,20 @@ def test_ownership_looks_through_wrappers_to_where_the_code_was_written(name, wh
     from course.ownership import origin
 
     assert origin(_notebook(OWNERSHIP_CELL)[name]) == where
+
+
+@pytest.mark.parametrize("grading", [True, False], ids=["grading", "learner"])
+def test_graded_keeps_the_code_under_tests_stderr_off_the_cell(grading: bool, monkeypatch, capsys):
+    """nbgrader zeroes a cell that writes to stderr: a text progress bar from correct code must not cost its points."""
+    from tqdm import tqdm
+
+    monkeypatch.setattr(_testcell, "_GUARDED", grading)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    stderr_before = sys.stderr
+    with checks.graded("fit"):
+        for _ in tqdm(range(3), desc="epoch 1/1"):
+            pass
+        print("warned", file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert err == "" and sys.stderr is stderr_before
+    assert "note: the code under test wrote to stderr" in out and "warned" in out and "3/3" in out
