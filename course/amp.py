@@ -130,7 +130,7 @@ def gradient_underflow(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn:
 def saved_activation_bytes(model: nn.Module, inputs: torch.Tensor, dtype: torch.dtype) -> int:
     """Bytes of tensors the forward pass keeps for backward under autocast(dtype): the activation memory.
 
-    Parameters are counted once; this works on any device, including the CPU. Introduced in 04-amp.
+    Parameters are counted once; this works on any device, including the CPU. Introduced in 07-memory.
     """
     seen: dict[int, int] = {}
 

@@ -1,13 +1,14 @@
 """Self-check helpers for the notebooks' test cells.
 
-Used by every notebook. A failed check raises AssertionError("✗ what. Fix: how"): one line that says what
-was expected, what came back and what to change. The helpers' own frames are hidden from the traceback
-(`__tracebackhide__`, honoured by IPython and pytest), so the learner sees their call and that line.
+Introduced in 01-device; used by every notebook. A failed check raises AssertionError("✗ what. Fix: how"): one line
+that says what was expected, what came back and what to change. The helpers' own frames are hidden from the
+traceback (`__tracebackhide__`, honoured by IPython and pytest), so the learner sees their call and that line.
 
 Values are compared only when they have the expected type: a dtype with a dtype, a bool with a bool, a tuple
 with a tuple (an object whose == says True to everything earns nothing). Types are named as the learner writes
-them (`torch.device`, not `device`). `own` checks that a graded name holds the learner's own code (the grader
-checks the same), and `written` turns the NotImplementedError of an unwritten exercise into a ✗ line.
+them (`torch.device`, not `device`). Every test cell runs its checks inside `with checks.graded(name):`, which turns
+whatever goes wrong (a failed check, an exercise not written yet, an imported answer) into one ✗ line: raised while
+grading, so the cell fails; shown in red anywhere else, so that Run All goes on to the next lesson.
 Nothing here needs nbgrader or IPython, and torch and numpy are only touched when the values being compared
 are tensors or arrays, so the checks also run on Colab and in plain Python.
 """
@@ -18,13 +19,12 @@ import math
 import numbers
 import sys
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
-from course.ownership import is_cell_file, why_not_own
+from course._testcell import graded, grading
 
-__all__ = ["check", "expect_equal", "expect_close", "expect_raises", "expect_type", "own", "passed", "type_name",
-           "written"]
+__all__ = ["check", "expect_equal", "expect_close", "expect_raises", "expect_type", "graded", "grading", "passed",
+           "type_name"]
 
 _MAX_REPR = 300
 
@@ -373,53 +373,3 @@ def expect_type(value: Any, types: type | tuple[type, ...], what: str, hint: str
 def passed(message: str) -> None:
     """Print "✓ {message}": the last line of a test cell that passed. Used by every notebook."""
     print(f"✓ {message}")
-
-
-def own(*names: str) -> None:
-    """Fail unless each graded name is defined in the notebook and holds code written there, not an import.
-
-    `own("amp_train_step")` in a test cell fails with "✗ `amp_train_step` is imported from course.amp, not written
-    in the notebook. Fix: ..." when the learner's cell only says `from course.amp import amp_train_step`. Calling
-    library helpers inside one's own function is fine. The grader checks the same before every test cell.
-    """
-    __tracebackhide__ = True
-    namespace = sys._getframe(1).f_globals  # the notebook's globals: test cells call this from their own code
-    for name in names:
-        if name not in namespace:
-            _fail(f"`{name}` is not defined", f"run the cell that defines `{name}` first (Run > Run All Cells)")
-        why = why_not_own(name, namespace[name])
-        if why:
-            _fail(why, f"write `{name}` yourself in its cell (calling library helpers inside it is fine)")
-
-
-class written:  # noqa: N801 - used like a function: `with written("pick_device"):`
-    """Turn the NotImplementedError of an exercise that is not written yet into one ✗ line.
-
-        with checks.written("pick_device"):
-            expect_equal(pick_device("cpu"), torch.device("cpu"), "pick_device('cpu')")
-
-    fails with "✗ `pick_device` is not written yet. Fix: replace `raise NotImplementedError()` with your code" when
-    the NotImplementedError was raised by notebook code; one raised by a library (an operation torch does not
-    support, say) is left as it is.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> written:
-        return self
-
-    def __exit__(self, kind: type | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        __tracebackhide__ = True
-        if kind is None or not issubclass(kind, NotImplementedError) or not _raised_in_notebook(tb):
-            return
-        _fail(f"`{self.name}` is not written yet", "replace `raise NotImplementedError()` with your code",
-              quiet_cause=True)
-
-
-def _raised_in_notebook(tb: TracebackType | None) -> bool:
-    """Whether the innermost frame of a traceback runs code from a notebook cell."""
-    last = None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    return last is not None and is_cell_file(last.tb_frame.f_code.co_filename)

@@ -1,6 +1,6 @@
 """Whether a graded name holds the learner's own code, or an object imported from somewhere else.
 
-Not taught in a lesson: it backs `course.checks.own` (a visible check test cells can call) and the grader's
+Not taught in a lesson: it backs `course.checks.graded` (the frame of every test cell) and the grader's
 in-kernel guard (grader/integrity.py), which asks `why_not_own` before each test cell of every notebook from
 01-device on.
 

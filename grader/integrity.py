@@ -16,6 +16,10 @@ What the guard protects, and how:
   run_cell, the compiler, input/AST transformers, message sending): snapshotted at start, restored the same way.
 - A notebook-level name that shadows a builtin (`isinstance = lambda *a: True`) is bypassed inside test cells:
   the cell's own code reads the pristine builtin (student functions keep their own names).
+- Test cells are graded: `course.checks.graded` raises a failed check (the cell fails) instead of only showing it as
+  it does in a learner's kernel. The guard sets `course._testcell._GUARDED` the moment it is imported, keeps
+  NBGRADER_EXECUTION (and `os.environ` itself) as they were at start, and puts both back before and after every cell,
+  so deleting the variable or resetting the flag in a cell turns no failure into a pass.
 - An audit hook refuses sys.settrace/sys.setprofile (a tracer can skip an `assert` line) and new audit hooks.
 - A change to anything protected *during a test cell* fails that cell (an error output, as a failed test).
 - Graded names must be the learner's own: before a test cell runs, the graded name it tests (config "graded": test
@@ -71,6 +75,8 @@ KERNEL_ATTRS = ("shell", "session", "iopub_socket", "shell_handlers", "control_h
 SESSION_ATTRS = ("pack", "unpack", "auth", "key", "signature_scheme")
 BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.addaudithook"})
 WATCHED_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
+GRADING_MODULE, GRADING_FLAG = "course._testcell", "_GUARDED"  # True: test cells raise their failures (graded mode)
+GRADING_VARIABLE = "NBGRADER_EXECUTION"  # set by nbgrader's validate and autograde; course.checks reads it too
 PRISTINE = "__grader_builtins__"      # notebook-level name through which test cells read pristine builtins
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 _MISSING = object()
@@ -361,13 +367,18 @@ def _bound_names(tree):
 
 
 def looks_like_test_cell(source):
-    """The course's test-cell shape: hidden-test markers, or a dunder `__check...` function defined then deleted."""
+    """The course's test-cell shape: hidden-test markers, a top-level `with checks.graded(...)`, or a dunder
+    `__check...` function defined then deleted."""
     if HIDDEN_MARK in source:
         return True
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return False
+    for node in tree.body:
+        if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call) and getattr(
+                i.context_expr.func, "attr", getattr(i.context_expr.func, "id", None)) == "graded" for i in node.items):
+            return True
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                and n.name.startswith("__") and not n.name.endswith("__")}
     deleted = {t.id for n in tree.body if isinstance(n, ast.Delete) for t in n.targets if isinstance(t, ast.Name)}
@@ -400,6 +411,8 @@ class Guard:
         self._broken = False
         self._shell = None
         self._unshadow = _Unshadow()
+        self._environ = os.environ
+        self._grading_value = os.environ.get(GRADING_VARIABLE)
         self._finder = _TrustedFinder(self)
         self._insert_finder()
         self._meta_prefix = list(sys.meta_path[:sys.meta_path.index(self._finder)])
@@ -435,6 +448,8 @@ class Guard:
                 snaps.append(_NamesSnap(cls, f"{name}.{cls_name}", names))
             self._watched[name] = (module, snaps)
         else:
+            if name == GRADING_MODULE:
+                module.__dict__[GRADING_FLAG] = True        # graded mode, before any notebook code can use it
             self._modules[name] = _ModuleSnap(module)
 
     def protect_loaded(self, names):
@@ -484,8 +499,8 @@ class Guard:
     def verify(self):
         """Restore everything protected; return what had been changed (empty when nothing was)."""
         changes = []
-        for step in (self._verify_imports, self._verify_modules, self._verify_watched, self._verify_builtins,
-                     self._verify_machinery, self._verify_trace):
+        for step in (self._verify_imports, self._verify_modules, self._verify_grading, self._verify_watched,
+                     self._verify_builtins, self._verify_machinery, self._verify_trace):
             try:
                 step(changes)
             except Exception as exc:    # fail closed: an unrestorable change counts as tampering
@@ -530,6 +545,19 @@ class Guard:
             if parent is not None and getattr(parent, child, snap.module) is not snap.module:
                 setattr(parent, child, snap.module)
                 changes.append(f"{parent_name}.{child}")
+
+    def _verify_grading(self, changes):
+        """Graded mode: the test-cell frame's flag set, NBGRADER_EXECUTION and os.environ as they were at start."""
+        snap = self._modules.get(GRADING_MODULE)
+        if snap is not None and snap.module.__dict__.get(GRADING_FLAG, _MISSING) is not True:
+            snap.module.__dict__[GRADING_FLAG] = True
+            changes.append(f"{GRADING_MODULE}.{GRADING_FLAG}")
+        if os.environ is not self._environ:
+            os.environ = self._environ            # noqa: B003 - the original object back, not a new one
+            changes.append("os.environ")
+        if self._grading_value is not None and os.environ.get(GRADING_VARIABLE) != self._grading_value:
+            os.environ[GRADING_VARIABLE] = self._grading_value
+            changes.append(f"os.environ[{GRADING_VARIABLE!r}]")
 
     def _verify_watched(self, changes):
         for name, (module, snaps) in list(self._watched.items()):

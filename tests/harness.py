@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import os
 import sys
 import threading
 import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 
@@ -83,8 +85,9 @@ def run_function_tests(notebook: Path, function: str, replacement: str | None = 
         err = io.StringIO()
         with warnings.catch_warnings(record=True) as escaped, contextlib.redirect_stderr(err):
             warnings.simplefilter("always")
-            try:
-                _exec(cell.source, ns, grade_id(cell))
+            try:  # graded mode, as under nbgrader: a failed check raises (course.checks.graded) instead of printing
+                with mock.patch.dict(os.environ, {"NBGRADER_EXECUTION": "autograde"}):
+                    _exec(cell.source, ns, grade_id(cell))
                 result = CellResult(grade_id(cell), True)
             except Exception as exc:  # noqa: BLE001 - any failure is a failed test cell, as in nbgrader
                 result = CellResult(grade_id(cell), False, f"{type(exc).__name__}: {exc}")

@@ -1,23 +1,27 @@
 """course.checks: each helper passes on good values, and on bad ones raises one line that says what was expected,
 what came back and what to fix. Values of another type never pass (an always-equal object earns nothing), types are
 named as the learner writes them, the helpers' frames are hidden from IPython's traceback, `own` tells a learner's
-function from an imported one and `written` explains an unwritten exercise. Also: `import course` stays light."""
+`graded`, the frame of every test cell, turns whatever goes wrong into one ✗ line (raised while grading, shown in a
+learner's kernel so that Run All goes on). Also: `import course` stays light."""
 
 from __future__ import annotations
 
 import contextlib
 import fractions
 import io
+import linecache
+import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
-from course import checks
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed, type_name, written
+from course import _testcell, checks
+from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed, type_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -261,40 +265,123 @@ def test_type_names_are_written_as_the_learner_writes_them():
 def _notebook(source: str) -> dict:
     """Run `source` the way a notebook cell runs (a `<...>` file name, a __main__ namespace); its namespace."""
     namespace = {"__name__": "__main__"}
+    linecache.cache["<ipython-input-1-0123>"] = (len(source), None, source.splitlines(True), "<ipython-input-1-0123>")
     exec(compile(source, "<ipython-input-1-0123>", "exec"), namespace)  # noqa: S102 - a pretend notebook cell
     return namespace
 
 
-def test_own_tells_the_learners_code_from_an_import(capsys):
-    namespace = _notebook(
-        "import functools, json\n"
-        "from course.checks import own\n"
-        "from json import dumps\n"
-        "def pick_device(x):\n    return json.dumps(x)\n"
-        "shout = lambda x: x.upper()\n"
-        "loads = functools.partial(json.loads)\n"
-        "class Net(json.JSONDecoder):\n    def decode(self, s):\n        return s\n"
-        "class Borrowed(json.JSONDecoder):\n    pass\n"
-        "def run(*names):\n    own(*names)\n")
-    namespace["run"]("pick_device", "shout", "Net")
-    message = _failure(namespace["run"], "dumps", capsys=capsys)
-    assert message.startswith("✗ `dumps` is imported from json, not written in the notebook. Fix: write `dumps`")
-    assert "imported from json" in _failure(namespace["run"], "loads", capsys=capsys)
-    assert "JSONDecoder, subclassed without code" in _failure(namespace["run"], "Borrowed", capsys=capsys)
-    assert "is not defined" in _failure(namespace["run"], "fit", capsys=capsys)
+GRADED_CELLS = (
+    "import functools, json\n"
+    "from json import dumps\n"
+    "from course import checks\n"
+    "def pick_device(x=None):\n    return json.dumps(x)\n"
+    "def stub():\n    raise NotImplementedError()\n"
+    "class Net:\n    def forward(self):\n        raise NotImplementedError()\n"
+    "def library():\n    return raise_from_a_library()\n"
+    "def run(names, body):\n    with checks.graded(*names):\n        body()\n    return 'went on'\n")
 
 
-def test_written_explains_an_unwritten_exercise_and_only_that(capsys):
-    namespace = _notebook("def pick_device():\n    raise NotImplementedError()\n")
-    with pytest.raises(AssertionError) as info, written("pick_device"):
-        namespace["pick_device"]()
-    assert str(info.value) == ("✗ `pick_device` is not written yet. Fix: replace `raise NotImplementedError()` "
-                               "with your code")
-    assert info.value.__suppress_context__, "the stub's own traceback is not shown again"
-    with pytest.raises(NotImplementedError, match="not supported"), written("pick_device"):
-        raise_from_a_library()
-    with written("pick_device"):
-        pass
+@pytest.fixture
+def cells(monkeypatch):
+    """A pretend notebook namespace with one helper per kind of failure; not grading unless a test says so."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    namespace = _notebook(GRADED_CELLS)
+    namespace["raise_from_a_library"] = raise_from_a_library
+    return namespace
+
+
+# (graded names, what the test cell runs, the ✗ line) for each kind of failure graded() explains in one line
+FAILURES = [
+    (("stub",), lambda ns: ns["stub"](),
+     "✗ `stub` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
+    (("Net",), lambda ns: ns["Net"]().forward(),
+     "✗ `Net` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
+    (("pick_device",), lambda ns: expect_equal(ns["pick_device"](), "cpu", "pick_device()", "return 'cpu'"),
+     "✗ pick_device(): expected 'cpu', got 'null'. Fix: return 'cpu'"),
+    (("stub",), lambda ns: check(False, "rank 0 failed: NotImplementedError", "all_reduce"),  # in a worker process
+     "✗ `stub` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
+    (("Net",), lambda ns: check(False, "forward failed", "move it"),
+     "✗ `Net` is not written yet. Fix: replace `raise NotImplementedError()` with your code"),
+    (("fit",), lambda ns: exec("fit()", ns),  # noqa: S102 - a test cell that calls a name never defined
+     "✗ `fit` is not defined. Fix: run the cell that defines `fit` first (Run > Run All Cells)"),
+    (("dumps",), lambda ns: None,
+     "✗ `dumps` is imported from json, not written in the notebook. Fix: write it yourself in its cell (calling "
+     "library helpers inside it is fine)"),
+]
+
+FAILURE_IDS = ["stub", "method", "check", "stub-elsewhere", "method-elsewhere", "undefined", "import"]
+
+
+def _body(cells, run):
+    def body():
+        run(cells)
+    return body
+
+
+@pytest.mark.parametrize(("names", "run", "line"), FAILURES, ids=FAILURE_IDS)
+def test_graded_shows_one_line_and_goes_on_in_a_learners_kernel(cells, capsys, names, run, line):
+    assert cells["run"](names, _body(cells, run)) == "went on"
+    assert capsys.readouterr().out == line + "\n"
+
+
+@pytest.mark.parametrize(("names", "run", "line"), FAILURES, ids=FAILURE_IDS)
+def test_graded_raises_the_same_line_while_grading(cells, capsys, monkeypatch, names, run, line):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    with pytest.raises(AssertionError) as info:
+        cells["run"](names, _body(cells, run))
+    assert str(info.value) == line and capsys.readouterr().out == ""
+
+
+def test_graded_leaves_a_pass_alone_and_reports_other_errors_with_their_traceback(cells, capsys, monkeypatch):
+    assert cells["run"](("pick_device",), lambda: None) == "went on"
+    assert capsys.readouterr().out == ""
+    assert cells["run"](("library",), cells["library"]) == "went on"  # a library's NotImplementedError is a real error
+    out = capsys.readouterr().out
+    assert out.startswith("✗ `library` raised NotImplementedError. Fix: the traceback below shows where\n")
+    assert "Traceback" in out and "not supported on this device" in out
+    with pytest.raises(KeyboardInterrupt):
+        cells["run"](("stub",), _raise(KeyboardInterrupt))
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+    with pytest.raises(NotImplementedError, match="not supported"):
+        cells["run"](("library",), cells["library"])
+    with pytest.raises(ZeroDivisionError):
+        cells["run"](("pick_device",), _raise(ZeroDivisionError))
+
+
+def _raise(kind):
+    def body():
+        raise kind()
+    return body
+
+
+def test_graded_mode_is_decided_before_the_learners_code_runs(cells, monkeypatch):
+    """A learner's function that leaves graded mode while the test runs still fails the cell."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+
+    def sneaky():
+        os.environ.pop("NBGRADER_EXECUTION")
+        _testcell._GUARDED = False
+        raise NotImplementedError()
+
+    sneaky.__code__ = sneaky.__code__.replace(co_filename="<ipython-input-2-sneaky>")
+    with pytest.raises(AssertionError, match="not written yet"):
+        cells["run"](("sneaky",), sneaky)
+    monkeypatch.setattr(_testcell, "_GUARDED", True)  # what the grader's guard sets
+    assert checks.grading() and not os.environ.get("NBGRADER_EXECUTION")
+    with pytest.raises(AssertionError, match="not written yet"):
+        cells["run"](("stub",), cells["stub"])
+
+
+def test_graded_shows_red_html_in_a_notebook(cells):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shown = []
+    with mock.patch("IPython.display.display", lambda data, raw: shown.append(data)):
+        assert cells["run"](("stub",), cells["stub"]) == "went on"
+    assert shell is not None and len(shown) == 1
+    assert shown[0]["text/plain"].startswith("✗ `stub` is not written yet")
+    assert "<code>stub</code>" in shown[0]["text/html"] and "color" in shown[0]["text/html"]
 
 
 def raise_from_a_library():
@@ -362,3 +449,20 @@ def test_ownership_looks_through_wrappers_to_where_the_code_was_written(name, wh
     from course.ownership import origin
 
     assert origin(_notebook(OWNERSHIP_CELL)[name]) == where
+
+
+@pytest.mark.parametrize("grading", [True, False], ids=["grading", "learner"])
+def test_graded_keeps_the_code_under_tests_stderr_off_the_cell(grading: bool, monkeypatch, capsys):
+    """nbgrader zeroes a cell that writes to stderr: a text progress bar from correct code must not cost its points."""
+    from tqdm import tqdm
+
+    monkeypatch.setattr(_testcell, "_GUARDED", grading)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    stderr_before = sys.stderr
+    with checks.graded("fit"):
+        for _ in tqdm(range(3), desc="epoch 1/1"):
+            pass
+        print("warned", file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert err == "" and sys.stderr is stderr_before
+    assert "note: the code under test wrote to stderr" in out and "warned" in out and "3/3" in out

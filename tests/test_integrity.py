@@ -47,13 +47,19 @@ def _cells() -> dict[str, str]:
 
 
 def test_the_same_cells_pass_the_tests_without_the_guard(tmp_path, monkeypatch):
-    """Control: the test cells alone would give the imported answers full marks."""
+    """Control: only the ownership question stands between the imported answers and full marks. Without the guard
+    the test cells' own frame (checks.graded) asks it too and refuses them with the same reason."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, HELPER, raising=False)
     for function, source in _cells().items():
-        results = run_function_tests(SOLUTIONS / ASSIGNMENT / NOTEBOOK, function, replacement=source)
+        refused = run_function_tests(SOLUTIONS / ASSIGNMENT / NOTEBOOK, function, replacement=source)
+        with monkeypatch.context() as m:
+            m.setattr("course._testcell.why_not_own", lambda name, value: None)
+            results = run_function_tests(SOLUTIONS / ASSIGNMENT / NOTEBOOK, function, replacement=source)
         assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
+        imported = function != "make_scaler"
+        assert [f"`{function}` is imported from {HELPER}" in r.error for r in refused] == [imported] * len(refused)
     sys.modules.pop(HELPER, None)
 
 

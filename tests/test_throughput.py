@@ -51,7 +51,7 @@ def test_test_cells_restore_the_thread_count_and_leave_no_globals():
         meta = nbtools.nbgrader_meta(cell)
         if meta.get("grade"):
             name = f"__check_{meta['grade_id'].removeprefix('test_')}"
-            assert f"def {name}():" in cell.source and f"{name}(); del {name}" in cell.source
+            assert f"def {name}():" in cell.source and f"\ndel {name}" in cell.source
             assert "with num_threads(1)" in cell.source and "warnings.catch_warnings(record=True)" in cell.source
 
 

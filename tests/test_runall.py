@@ -1,0 +1,153 @@
+"""One Run All of an unsolved exercise runs every cell (issue 15): in a plain kernel, as in JupyterLab, Notebook 7 or
+Colab (no cell tags, no NBGRADER_EXECUTION), no cell raises, and each graded test cell shows its one ✗ line instead
+of a traceback. nbgrader still counts those cells as failed: the round-trip tests (tests/test_<topic>.py) grade the
+same release and find zero points.
+
+Each released exercise is executed once, two at a time (they take 10-30 s each on two cores).
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader.nbtools import EXERCISES, grade_id, nbgrader_meta
+
+NOTEBOOKS = sorted(EXERCISES.glob("*/*.ipynb"))
+WAITING = ("✗ ", "is not written yet. Fix: replace `raise NotImplementedError()` with your code")
+
+
+def _execute(path: Path) -> nbformat.NotebookNode | BaseException:
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+                            allow_errors=True)  # every cell runs, so that the test can say which ones raised
+    try:
+        client.execute(env=env)
+    except Exception as exc:  # noqa: BLE001 - reported by the test of this notebook
+        return exc
+    return nb
+
+
+@cache
+def _executed() -> dict[Path, nbformat.NotebookNode | BaseException]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(NOTEBOOKS, pool.map(_execute, NOTEBOOKS), strict=True))
+
+
+def _text(output: dict) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if output.get("output_type") == "error":
+        return "\n".join(output.get("traceback", []))
+    return str(output.get("data", {}).get("text/plain", ""))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_an_unsolved_exercise_runs_every_cell_and_shows_one_line_per_check(path):
+    nb = _executed()[path]
+    if isinstance(nb, BaseException):
+        raise nb
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "every code cell ran"
+    raised = [f"cell {i} ({grade_id(c) or 'lesson'}): {o.get('ename')}: {o.get('evalue')}"
+              for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not raised, f"cells raised in a plain kernel: {raised}"
+    tests = [c for c in code if nbgrader_meta(c).get("grade")]
+    assert tests
+    for cell in tests:
+        shown = "".join(_text(o) for o in cell.get("outputs", []))
+        lines = [line for line in shown.splitlines() if line.startswith("✗ ")]
+        assert len(lines) == 1, f"{grade_id(cell)}: one ✗ line expected, got {shown!r}"
+        assert WAITING[1] in lines[0], f"{grade_id(cell)}: {lines[0]!r}"
+        assert "Traceback" not in shown and "✓" not in shown, f"{grade_id(cell)}: {shown!r}"
+        html = [o for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
+        assert html and "✗" in html[0]["data"]["text/html"], "a notebook shows the line in red (HTML)"
+
+
+# ---- the grader's guard keeps test cells graded ------------------------------------------------------------------
+TAMPER = """
+import os
+import course._testcell as frame
+os.environ.pop("NBGRADER_EXECUTION", None)
+frame._GUARDED = False
+def answer():
+    return 41
+def sneaky():
+    os.environ.pop("NBGRADER_EXECUTION", None)
+    frame._GUARDED = False
+    return 41
+"""
+TEST_CELL = """
+from course import checks
+def __check_{name}():
+    checks.check({name}() == 42, "{name}() should be 42", "add one")
+with checks.graded("{name}"):
+    __check_{name}()
+del __check_{name}
+"""
+
+
+def test_without_the_guard_leaving_graded_mode_would_pass_a_wrong_answer(monkeypatch, capsys):
+    """Control: the attack is real. In a plain process the same cells show the ✗ line and raise nothing."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setattr("course._testcell._GUARDED", False)
+    namespace = {"__name__": "__main__"}
+    exec(compile(TAMPER, "<cell-1>", "exec"), namespace)  # noqa: S102 - pretend notebook cells
+    exec(compile(TEST_CELL.format(name="answer"), "<cell-2>", "exec"), namespace)  # noqa: S102
+    assert capsys.readouterr().out.startswith("✗ answer() should be 42")
+
+
+def test_the_guard_keeps_test_cells_graded_whatever_a_cell_does_to_the_mode(tmp_path, monkeypatch):
+    import asyncio
+
+    from grader import sandbox
+
+    available, why = sandbox.status()
+    if not available:
+        pytest.skip(f"the guard runs in sandboxed grading kernels; no sandbox here: {why}")
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+
+    async def run(kc, code):
+        msg_id, out = kc.execute(code), []
+        while True:
+            msg = await kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                content = msg["content"]
+                if msg["msg_type"] == "stream":
+                    out.append(content["text"])
+                elif msg["msg_type"] == "error":
+                    out.append(f"{content['ename']}: {content['evalue']}")
+                elif msg["msg_type"] == "status" and content["execution_state"] == "idle":
+                    break
+        while (reply := await kc.get_shell_msg(timeout=60))["parent_header"].get("msg_id") != msg_id:
+            pass
+        return reply["content"]["status"], "".join(out)
+
+    async def go():
+        work = tmp_path / "autograded" / "tamper" / "ps1"
+        work.mkdir(parents=True)
+        km = sandbox.SandboxedKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=str(work))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            return [await run(kc, TAMPER),
+                    await run(kc, "import os\nprint(os.environ.get('NBGRADER_EXECUTION'))"),
+                    await run(kc, TEST_CELL.format(name="answer")),
+                    await run(kc, TEST_CELL.format(name="sneaky"))]
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    tamper, lesson, before, during = asyncio.run(go())
+    assert tamper[0] == "ok" and lesson == ("ok", "autograde\n"), "the guard puts the variable back before a cell"
+    assert before[0] == "error" and "✗ answer() should be 42" in before[1], before
+    assert during[0] == "error" and "sneaky() should be 42" in during[1], during
