@@ -234,6 +234,21 @@ def with_variant(notebook: Path, variant: Variant) -> nbformat.NotebookNode:
     raise KeyError(f"{notebook}: no solution cell with grade_id {variant.function!r}")
 
 
+def named_variant(topic: str, name: str) -> list[Variant]:
+    """[the variant `name` of tests/mutations/<topic>.py] (a `roundtrip` marker's `variants=` takes a callable)."""
+    found = [v for v in load_catalogue(Path(__file__).parent / "mutations" / f"{topic}.py") if v.name == name]
+    if len(found) != 1:
+        raise KeyError(f"tests/mutations/{topic}.py has {len(found)} variants named {name!r} (expected one)")
+    return found
+
+
+def assert_full_marks(assignment: str, variant: Variant) -> None:
+    """Real nbgrader gives `variant` every point of every graded cell (a correct answer never loses points)."""
+    scores = autograde_variants(assignment, [variant])[variant.name]
+    lost = {gid: f"{score}/{total}" for gid, (score, total) in scores.items() if not score == total > 0}
+    assert scores and not lost, f"{variant.function}/{variant.name} lost points in nbgrader: {lost}"
+
+
 def autograde_variants(assignment: str, variants: list[Variant]) -> dict[str, dict[str, tuple[float, float]]]:
     """Autograde one submission per variant with real nbgrader; returns {variant name: {grade_id: (score, max)}}."""
     scores = graded(assignment, variants)["scores"]

@@ -16,14 +16,12 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_readme import free_port, get
+from tests.labserver import make_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "browser-shots"
@@ -65,13 +63,6 @@ if _skip_reason():
 def lab(tmp_path_factory):
     """`make lab` on a copy of the tree: (base URL, token, tree, log path)."""
     tmp = tmp_path_factory.mktemp("lab")
-    tree = tmp / "repo"
-    tree.mkdir()
-    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
-        shutil.copy2(ROOT / name, tree / name)
-    for name in ("grader", "course", "solutions", "exercises"):
-        shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
-    (tree / ".venv").symlink_to(ROOT / ".venv")
     # All cells stay in the page (no windowing), so that outputs far down a notebook can be counted.
     settings = tmp / "lab-settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
@@ -79,41 +70,11 @@ def lab(tmp_path_factory):
     news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"  # no "get Jupyter news?" pop-up over cells
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-
-    port, token = free_port(), "browser-test"
+    env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+           "MPLBACKEND": None}  # conftest sets Agg for pytest; kernels must use the notebook's inline backend
     # expose_app_in_browser: the test opens notebooks through JupyterLab's own commands (window.jupyterapp).
-    args = (f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={token} "
-            "--LabApp.expose_app_in_browser=True")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        args += " --allow-root"
-    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_CONFIG_PATH"} | {
-        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces")}
-    env.pop("MPLBACKEND", None)  # conftest sets Agg for pytest; kernels must use the notebook's inline backend
-    log_path = tmp / "lab.log"
-    with open(log_path, "w") as log:
-        # `-o install`: the environment is already installed (make test did it); `make lab` itself is what runs.
-        server = subprocess.Popen(["make", "-C", str(tree), "-o", "install", "lab", f"LAB_ARGS={args}"], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if get(port, token, "/api/status")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"`make lab` did not serve within 120 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}", token, tree, log_path
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
+    with make_lab(tmp, "browser-test", args="--LabApp.expose_app_in_browser=True", env=env) as server:
+        yield server.url, server.token, server.tree, server.log
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ course.simgpu (test_simgpu.py). What is checked here is the notebook itself.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -97,10 +95,9 @@ def test_meta_device_mixing_raises_as_the_lesson_says():
 
 
 def _warning_variant() -> list:
-    from tests.harness import load_catalogue
+    from tests.harness import named_variant
 
-    catalogue = Path(__file__).parent / "mutations" / "device.py"
-    return [v for v in load_catalogue(catalogue) if v.name == "warns_on_cpu_fallback"]
+    return named_variant("device", "warns_on_cpu_fallback")
 
 
 @pytest.mark.roundtrip(ASSIGNMENT, variants=_warning_variant)
@@ -108,7 +105,7 @@ def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
     """nbgrader zeroes a test cell that writes to stderr; a correct pick_device that warns keeps every point."""
     import warnings
 
-    from tests.harness import autograde_variants
+    from tests.harness import assert_full_marks
 
     [variant] = _warning_variant()
     ns = {"torch": torch}
@@ -118,8 +115,7 @@ def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
         ns["pick_device"]()
     if not warned:
         pytest.skip("the variant warns only where pick_device falls back to the CPU")
-    scores = autograde_variants(ASSIGNMENT, [variant])[variant.name]
-    assert scores and all(score == total > 0 for score, total in scores.values()), scores
+    assert_full_marks(ASSIGNMENT, variant)
 
 
 @pytest.mark.roundtrip(ASSIGNMENT)

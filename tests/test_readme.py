@@ -11,16 +11,13 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.labserver import free_port, make_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -196,78 +193,26 @@ def test_lms_download_is_graded_by_the_readme_commands_as_written(tmp_path):
 
 # ---------------------------------------------------------------- the nbgrader menu under `make lab`
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(port: int, token: str, path: str) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 @NEEDS_MAKE
 def test_make_lab_serves_formgrader_and_the_assignment_list_without_errors(tmp_path):
     if not (ROOT / ".venv" / "bin" / "jupyter").exists():
         pytest.skip("no .venv/bin/jupyter: run `make install` first")
     try:
-        port = free_port()
+        free_port()
     except OSError as e:
         pytest.skip(f"cannot open a local port for JupyterLab here: {e}")
-    # A copy of the tree, so that the server's gradebook and exchange folder stay out of the repository.
-    tree = tmp_path / "repo"
-    tree.mkdir()
-    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
-        shutil.copy2(ROOT / name, tree / name)
-    for name in ("grader", "course", "solutions", "exercises"):
-        shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
-    (tree / ".venv").symlink_to(ROOT / ".venv")
-
-    token = "readme-test"
-    args = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={token}"
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        args += " --allow-root"
-    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_CONFIG_PATH"} | {
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    log_path = tmp_path / "lab.log"
-    with open(log_path, "w") as log:
-        # `-o install`: the environment is already installed (make test did it); `make lab` itself is what runs.
-        server = subprocess.Popen(["make", "-C", str(tree), "-o", "install", "lab", f"LAB_ARGS={args}"], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if get(port, token, "/api/status")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"`make lab` did not serve within 120 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
-
-        status, body = get(port, token, "/formgrader/api/assignments")
+    with make_lab(tmp_path, "readme-test") as lab:
+        tree, log_path = lab.tree, lab.log
+        status, body = lab.get("/formgrader/api/assignments")
         assert status == 200, f"Formgrader's assignment list: HTTP {status}\n{log_path.read_text()[-4000:]}"
         names = {a["name"] for a in json.loads(body)}
         assert names == {p.name for p in (tree / "solutions").iterdir() if p.is_dir()}, names
-        status, body = get(port, token, "/formgrader/manage_assignments")
+        status, body = lab.get("/formgrader/manage_assignments")
         assert status == 200 and "nbgrader" in body, f"Formgrader's page: HTTP {status}"
         course = re.search(r'course_id = "([^"]+)"', (tree / "grader" / "nbgrader_config.py").read_text()).group(1)
         for path in ("/formgraders", "/courses", f"/assignments?course_id={course}"):
-            status, body = get(port, token, path)
+            status, body = lab.get(path)
             assert status == 200 and json.loads(body)["success"] is True, f"{path}: HTTP {status} {body[:500]}"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
     log = log_path.read_text()
     problems = [line for line in log.splitlines()
                 if "Traceback" in line or re.search(r"\w(Error|Exception)\b", line) or line.startswith("[E ")
