@@ -19,9 +19,11 @@ import shutil
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from tests.labserver import make_lab
+from tests.test_runall import unsolved_run_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "browser-shots"
@@ -275,6 +277,8 @@ def run_notebooks(page, lab, paths: list[str], *, solved: bool) -> dict[str, lis
             found.append(f"Run All did not finish within {RUN_LIMIT_S} s ({type(e).__name__})")
         nb = save(page, panel_id, tree, path)
         found += check_outputs(page, panel_id, nb, path, solved=solved)
+        if not solved:
+            found += unsolved_run_problems(nbformat.reads(json.dumps(nb), as_version=4))
         found += explore(page, panel_id, path)
         shot(page, path)
         problems[path] = found
