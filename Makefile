@@ -6,6 +6,9 @@ PY     := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP  := $(VENV)/.installed-$(DEPS_HASH)
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: auto is one more than the cores (see tests/conftest.py, which also orders the
+# files, costliest first; each file runs whole on one worker).
+TEST_WORKERS ?= auto
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -41,7 +44,7 @@ lab: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
 test: install sandbox browser lint
-	$(PY) -m pytest -rs --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -rs --durations=10 $(PYTEST_ARGS)
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install

@@ -126,9 +126,12 @@ if __name__ == "__main__":
 
 # ---------------------------------------------------------------------------------------------- one graded course
 # Every test that needs nbgrader's verdict on a module notebook shares one autograde run per assignment: the
-# solution, the unchanged release and any catalogue variants are graded as students of one scratch course. conftest
-# plans the assignments of every selected `roundtrip`-marked test, and the first test to ask grades them all, two
-# assignments at a time (separate course roots, so no two nbgrader processes share a gradebook).
+# solution and any catalogue variants are graded as students of one scratch course whose release is made fresh.
+# conftest plans the assignments of every selected `roundtrip`-marked test, and the first test to ask grades them all,
+# two assignments at a time (separate course roots, so no two nbgrader processes share a gradebook).
+# The unsolved release is not graded here: it runs once, as a learner runs it (tests/test_browser.py, or
+# tests/test_runall.py without a browser), where every test cell must show its ✗ line; in graded mode that same
+# check raises (course.checks.graded), so nbgrader would give it 0.
 _PLANNED: dict[str, list[Variant]] = {}
 _GRADED: dict[str, dict | BaseException] = {}
 _SCRATCH: list[Path] = []
@@ -161,11 +164,10 @@ def _grade(assignment: str, variants: list[Variant]) -> dict:
     root = _scratch() / f"{assignment}-{len(list(_scratch().glob(assignment + '-*')))}"
     with _RELEASING:  # nbgrader's converters run in this process: one release at a time
         released = generate([assignment], SOLUTIONS, root) / assignment
-    for student, folder in (("solution", root / "solutions" / assignment), ("exercise", released)):
-        dest = root / "submitted" / student / assignment
-        dest.mkdir(parents=True)
-        for nb in folder.glob("*.ipynb"):
-            shutil.copy(nb, dest / nb.name)
+    dest = root / "submitted" / "solution" / assignment
+    dest.mkdir(parents=True)
+    for nb in (root / "solutions" / assignment).glob("*.ipynb"):
+        shutil.copy(nb, dest / nb.name)
     for v in variants:
         dest = root / "submitted" / f"variant-{v.name}" / assignment
         dest.mkdir(parents=True, exist_ok=True)
@@ -181,7 +183,7 @@ def _grade(assignment: str, variants: list[Variant]) -> dict:
 def graded(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) -> dict:
     """nbgrader's verdict on `assignment`: {"root", "released", "scores": {student: {grade_id: (score, max)}}}.
 
-    Students are "solution", "exercise" and "variant-<name>" for each variant. The first call grades every planned
+    Students are "solution" and "variant-<name>" for each variant. The first call grades every planned
     assignment; a later call with variants that were not planned grades them in a run of their own.
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -203,25 +205,6 @@ def graded(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) 
     if isinstance(result, BaseException):
         raise RuntimeError(f"grading {assignment} failed") from result
     return result
-
-
-def autograde_roundtrip(assignment: str) -> dict[str, dict[str, tuple[float, float]]]:
-    """The solution and the unchanged released exercise, graded as two students with real nbgrader.
-
-    Returns {"solution": {grade_id: (score, max)}, "exercise": {...}} read back from the gradebook, plus
-    "solution_errors": {cell label: error} for every cell of the autograded solution that raised (there must be none).
-    """
-    result = graded(assignment)
-    scores = {k: result["scores"][k] for k in ("solution", "exercise")}
-    errors = {}
-    for nb_path in (result["root"] / "autograded" / "solution" / assignment).glob("*.ipynb"):
-        for i, cell in enumerate(read(nb_path).cells):
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    label = f"{nb_path.name} cell {i} ({grade_id(cell) or 'lesson'})"
-                    errors[label] = f"{out.get('ename')}: {out.get('evalue')}"
-    scores["solution_errors"] = errors
-    return scores
 
 
 def with_variant(notebook: Path, variant: Variant) -> nbformat.NotebookNode:
@@ -255,30 +238,29 @@ def autograde_variants(assignment: str, variants: list[Variant]) -> dict[str, di
     return {v.name: scores[f"variant-{v.name}"] for v in variants}
 
 
-def check_roundtrip(assignment: str) -> dict:
-    """`autograde_roundtrip`, then the checks every module notebook must pass.
+def check_roundtrip(assignment: str) -> dict[str, tuple[float, float]]:
+    """Real nbgrader gives the solution every point of every graded cell, no cell of it raises, and the fresh release
+    has exactly the solution's graded cells (so the learner's run of it, which must fail each of them, covers all).
 
-    The solution scores full marks on every graded cell and raises nowhere; the unchanged released exercise scores 0
-    on every graded cell, and its lesson cells do not crash before the learner has written anything.
+    Returns the solution's {grade_id: (score, max)}.
     """
-    scores = autograde_roundtrip(assignment)
-    root = graded(assignment)["root"]
-    assert not scores["solution_errors"], f"cells raised while autograding the solution: {scores['solution_errors']}"
-    solution, exercise = scores["solution"], scores["exercise"]
-    expected = {grade_id(c) for nb in (root / "solutions" / assignment).glob("*.ipynb") for c in read(nb).cells
+    result = graded(assignment)
+    root, solution = result["root"], result["scores"]["solution"]
+    errors = {}
+    for nb_path in (root / "autograded" / "solution" / assignment).glob("*.ipynb"):
+        for i, cell in enumerate(read(nb_path).cells):
+            errors |= {f"{nb_path.name} cell {i} ({grade_id(cell) or 'lesson'})": f"{o.get('ename')}: {o.get('evalue')}"
+                       for o in cell.get("outputs", []) if o.get("output_type") == "error"}
+    assert not errors, f"cells raised while autograding the solution: {errors}"
+
+    def graded_cells(folder: Path) -> set[str]:
+        return {f"{nb.name}:{grade_id(c)}" for nb in folder.glob("*.ipynb") for c in read(nb).cells
                 if c.cell_type == "code" and nbgrader_meta(c).get("grade")}
-    assert set(solution) == set(exercise) == expected, f"graded cells {sorted(solution)}, expected {sorted(expected)}"
+
+    expected = graded_cells(root / "solutions" / assignment)
+    assert {gid.split(":", 1)[1] for gid in expected} == set(solution), \
+        f"nbgrader graded {sorted(solution)}, the solution has {sorted(expected)}"
+    assert graded_cells(result["released"]) == expected, "the release does not keep every graded cell of the solution"
     for cell, (score, total) in solution.items():
         assert score == total > 0, f"solution: {cell} scored {score}/{total}"
-    for cell, (score, total) in exercise.items():
-        assert score == 0, f"exercise: {cell} scored {score}/{total} although nothing is implemented"
-    for nb_path in (root / "autograded" / "exercise" / assignment).glob("*.ipynb"):
-        for i, cell in enumerate(read(nb_path).cells):
-            meta = nbgrader_meta(cell)
-            if cell.cell_type != "code" or meta.get("grade") or meta.get("solution"):
-                continue
-            errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
-                      if o.get("output_type") == "error"]
-            assert not errors, (f"{nb_path.name} cell {i} raised before the exercises are solved: {errors}; "
-                                "catch NotImplementedError and say which exercise to finish first")
-    return scores
+    return solution

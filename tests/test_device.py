@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
-from tests.harness import check_roundtrip
 
 ASSIGNMENT = "01-device"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "device.ipynb"
@@ -93,21 +92,14 @@ def test_meta_device_mixing_raises_as_the_lesson_says():
         torch.randn(4, 3, device="meta") + torch.zeros(3)
 
 
-
-def _warning_variant() -> list:
-    from tests.harness import named_variant
-
-    return named_variant("device", "warns_on_cpu_fallback")
-
-
-@pytest.mark.roundtrip(ASSIGNMENT, variants=_warning_variant)
-def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
-    """nbgrader zeroes a test cell that writes to stderr; a correct pick_device that warns keeps every point."""
+def test_the_warning_variant_really_warns():
+    """The catalogue's correct pick_device that warns when it falls back to the CPU does warn here; tests/
+    test_roundtrip.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
     import warnings
 
-    from tests.harness import assert_full_marks
+    from tests.harness import named_variant
 
-    [variant] = _warning_variant()
+    [variant] = named_variant("device", "warns_on_cpu_fallback")
     ns = {"torch": torch}
     exec(variant.source, ns)  # noqa: S102 - a catalogue variant
     with warnings.catch_warnings(record=True) as warned:
@@ -115,13 +107,6 @@ def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
         ns["pick_device"]()
     if not warned:
         pytest.skip("the variant warns only where pick_device falls back to the CPU")
-    assert_full_marks(ASSIGNMENT, variant)
-
-
-@pytest.mark.roundtrip(ASSIGNMENT)
-def test_autograde_round_trip():
-    """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
-    check_roundtrip(ASSIGNMENT)
 
 
 @pytest.mark.gpu

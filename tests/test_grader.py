@@ -48,7 +48,7 @@ CLASS = {
     "sys-exit": ("sys_exit", 15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
     "flood": ("flood", 15, {"output-truncated"}),
     "writes-files": ("writes_files", 15, {"wrote-files"}),
-    # student kernels run in the sandbox, where the course repository is not visible (issue 7)
+    # student kernels run in the sandbox, where the course repository is not visible
     "peeks": ("peeks", 15 if sandbox.status()[0] and os.environ.get("GRADER_SANDBOX") != "off" else 14, set()),
 }
 SERIAL = ["os-exit", "truncated", "wrong-odd"]

@@ -1,7 +1,7 @@
-"""One Run All of an unsolved exercise runs every cell (issue 15): in a plain kernel, as in JupyterLab, Notebook 7 or
+"""One Run All of an unsolved exercise runs every cell: in a plain kernel, as in JupyterLab, Notebook 7 or
 Colab (no cell tags, no NBGRADER_EXECUTION), no cell raises, and each graded test cell shows its one ✗ line instead
-of a traceback. nbgrader still counts those cells as failed: the round-trip tests (tests/test_<topic>.py) grade the
-same release and find zero points.
+of a traceback. Under nbgrader the same checks raise (course.checks.graded), so these cells score 0: this run is the
+suite's one run of each unsolved exercise (the round trip in tests/harness.py grades only solutions and variants).
 
 Each released exercise is executed once, two at a time (they take 10-30 s each on two cores), unless the browser
 test runs: it applies the same checks to the notebooks it ran.

@@ -62,15 +62,6 @@ def test_the_library_has_no_timer_under_another_name():
     assert not hasattr(importlib.import_module("course.timing"), "timed"), "course.timing.timed was time_gpu renamed"
 
 
-
-@pytest.mark.roundtrip(ASSIGNMENT)
-def test_autograde_roundtrip():
-    """The solution earns every point and raises nowhere; the unchanged exercise earns none."""
-    from tests.harness import check_roundtrip
-
-    check_roundtrip(ASSIGNMENT)
-
-
 @pytest.mark.gpu
 def test_hidden_tests_pass_on_a_real_gpu():
     """On a GPU machine gpu_session() yields the real device: the solution must pass every test cell there too."""

@@ -14,13 +14,12 @@ import torch
 from course import transfer
 from course.simgpu import gpu_work, simulated_cuda
 from grader.nbtools import SOLUTIONS
-from tests.harness import check_roundtrip, load_catalogue, run_function_tests
+from tests.harness import load_catalogue, run_function_tests
 
 ASSIGNMENT = "02-transfer"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "transfer.ipynb"
 CATALOGUE = Path(__file__).parent / "mutations" / "transfer.py"
 GRADED = ("make_loader", "to_device", "copy_to_host")
-
 
 
 def test_pageable_non_blocking_copies_spare_the_host_the_wait():
@@ -130,24 +129,17 @@ def test_graded_cells_define_what_their_grade_id_names():
     assert grade_id(nb.cells[1]) == "colab_setup" and grade_id(nb.cells[2]) == "setup"
 
 
-
-def _warning_variant() -> list:
-    from tests.harness import named_variant
-
-    return named_variant("transfer", "pin_memory_device")
-
-
-@pytest.mark.roundtrip(ASSIGNMENT, variants=_warning_variant)
-def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
-    """nbgrader zeroes a test cell that writes to stderr; a correct make_loader whose loader warns keeps every point."""
+def test_the_warning_variant_really_warns():
+    """The catalogue's correct make_loader whose DataLoader warns about pin_memory_device does warn here; tests/
+    test_roundtrip.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
     import os
     import warnings
 
     from torch.utils.data import DataLoader, TensorDataset
 
-    from tests.harness import assert_full_marks
+    from tests.harness import named_variant
 
-    [variant] = _warning_variant()
+    [variant] = named_variant("transfer", "pin_memory_device")
     ns = {"torch": torch, "os": os, "DataLoader": DataLoader}
     exec(variant.source, ns)  # noqa: S102 - a catalogue variant
     with warnings.catch_warnings(record=True) as warned, simulated_cuda("T4", replace_real=True) as gpu:
@@ -155,13 +147,6 @@ def test_a_warning_from_a_correct_answer_costs_no_points_in_real_autograde():
         next(iter(ns["make_loader"](TensorDataset(torch.randn(4, 2)), gpu.device, 2, num_workers=0)))
     if not warned:
         pytest.skip("this torch does not warn about pin_memory_device: nothing to prove")
-    assert_full_marks(ASSIGNMENT, variant)
-
-
-@pytest.mark.roundtrip(ASSIGNMENT)
-def test_autograde_round_trip():
-    """The solution scores full marks with no errors; the released exercise scores zero on every graded cell."""
-    check_roundtrip(ASSIGNMENT)
 
 
 @pytest.mark.gpu
