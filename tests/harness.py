@@ -126,9 +126,9 @@ if __name__ == "__main__":
 
 # ---------------------------------------------------------------------------------------------- one graded course
 # Every test that needs nbgrader's verdict on a module notebook shares one autograde run per assignment: the
-# solution and any catalogue variants are graded as students of one scratch course whose release is made fresh.
-# conftest plans the assignments of every selected `roundtrip`-marked test, and the first test to ask grades them all,
-# two assignments at a time (separate course roots, so no two nbgrader processes share a gradebook).
+# solution and any catalogue variants are graded as students of a scratch course whose release is made fresh.
+# conftest plans the assignments of every selected `roundtrip`-marked test, and the first test to ask grades them all:
+# two courses side by side (each with its own gradebook), each graded by one `nbgrader autograde "*"`.
 # The unsolved release is not graded here: it runs once, as a learner runs it (tests/test_browser.py, or
 # tests/test_runall.py without a browser), where every test cell must show its ✗ line; in graded mode that same
 # check raises (course.checks.graded), so nbgrader would give it 0.
@@ -155,36 +155,57 @@ def _scratch() -> Path:
     return _SCRATCH[0]
 
 
-def _grade(assignment: str, variants: list[Variant]) -> dict:
+def _grade(assignments: list[str]) -> dict[str, dict | BaseException]:
+    """Grade the solution and the planned variants of `assignments` in one fresh scratch course, with one nbgrader
+    process for all of them (its start-up and gradebook cost once). Returns {assignment: result or the failure}."""
     import shutil
 
     from grader.nbtools import SOLUTIONS, cell_scores, nbgrader
     from grader.release import generate
 
-    root = _scratch() / f"{assignment}-{len(list(_scratch().glob(assignment + '-*')))}"
     with _RELEASING:  # nbgrader's converters run in this process: one release at a time
-        released = generate([assignment], SOLUTIONS, root) / assignment
-    dest = root / "submitted" / "solution" / assignment
-    dest.mkdir(parents=True)
-    for nb in (root / "solutions" / assignment).glob("*.ipynb"):
-        shutil.copy(nb, dest / nb.name)
-    for v in variants:
-        dest = root / "submitted" / f"variant-{v.name}" / assignment
-        dest.mkdir(parents=True, exist_ok=True)
-        for notebook in (root / "solutions" / assignment).glob("*.ipynb"):
-            nbformat.write(with_variant(notebook, v), dest / notebook.name)
-    nbgrader("autograde", assignment, "--create", root=root, timeout=900)
-    scores: dict[str, dict[str, tuple[float, float]]] = {}
-    for row in cell_scores(root, assignment):
-        scores.setdefault(row.student, {})[row.grade_id] = (row.score, row.max_score)
-    return {"root": root, "released": released, "scores": scores, "variants": list(variants)}
+        root = _scratch() / f"course-{len(list(_scratch().iterdir()))}"
+        released = generate(assignments, SOLUTIONS, root)
+    for assignment in assignments:
+        dest = root / "submitted" / "solution" / assignment
+        dest.mkdir(parents=True)
+        for nb in (root / "solutions" / assignment).glob("*.ipynb"):
+            shutil.copy(nb, dest / nb.name)
+        for v in _PLANNED[assignment]:
+            dest = root / "submitted" / f"variant-{v.name}" / assignment
+            dest.mkdir(parents=True, exist_ok=True)
+            for notebook in (root / "solutions" / assignment).glob("*.ipynb"):
+                nbformat.write(with_variant(notebook, v), dest / notebook.name)
+    try:  # "*": every assignment of this course; a failure names the notebooks nbgrader could not grade
+        nbgrader("autograde", "*", "--create", root=root, timeout=900)
+    except RuntimeError as exc:
+        return dict.fromkeys(assignments, exc)
+    results: dict[str, dict | BaseException] = {}
+    for assignment in assignments:
+        scores: dict[str, dict[str, tuple[float, float]]] = {}
+        for row in cell_scores(root, assignment):
+            scores.setdefault(row.student, {})[row.grade_id] = (row.score, row.max_score)
+        results[assignment] = {"root": root, "released": released / assignment, "scores": scores,
+                               "variants": list(_PLANNED[assignment])}
+    return results
+
+
+def _shards(assignments: list[str], n: int = 2) -> list[list[str]]:
+    """`assignments` in `n` courses with about as many students each (the most students first, to the emptiest)."""
+    shards: list[list[str]] = [[] for _ in range(min(n, len(assignments)))]
+    load = [0] * len(shards)
+    for a in sorted(assignments, key=lambda a: -len(_PLANNED[a])):
+        i = load.index(min(load))
+        shards[i].append(a)
+        load[i] += 1 + len(_PLANNED[a])
+    return shards
 
 
 def graded(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) -> dict:
     """nbgrader's verdict on `assignment`: {"root", "released", "scores": {student: {grade_id: (score, max)}}}.
 
-    Students are "solution" and "variant-<name>" for each variant. The first call grades every planned
-    assignment; a later call with variants that were not planned grades them in a run of their own.
+    Students are "solution" and "variant-<name>" for each variant. The first call grades every planned assignment,
+    in two courses side by side; a later call with variants that were not planned grades them in a run of their own.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -194,13 +215,14 @@ def graded(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) 
         del _GRADED[assignment]
     todo = [a for a in _PLANNED if a not in _GRADED]
     if todo:
-        def run(name: str) -> dict | BaseException:
+        def run(shard: list[str]) -> dict[str, dict | BaseException]:
             try:
-                return _grade(name, _PLANNED[name])
-            except Exception as exc:  # noqa: BLE001 - reported to the test that asks for this assignment
-                return exc
+                return _grade(shard)
+            except Exception as exc:  # noqa: BLE001 - reported to the tests that ask for these assignments
+                return dict.fromkeys(shard, exc)
         with ThreadPoolExecutor(max_workers=2) as pool:
-            _GRADED.update(zip(todo, pool.map(run, todo), strict=True))
+            for results in pool.map(run, _shards(todo)):
+                _GRADED.update(results)
     result = _GRADED[assignment]
     if isinstance(result, BaseException):
         raise RuntimeError(f"grading {assignment} failed") from result
