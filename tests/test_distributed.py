@@ -99,8 +99,13 @@ def test_ranks_report_errors_logs_and_open_groups(group):
     with pytest.raises(RuntimeError, match="rank 1 failed: KeyError"):
         group.values(_fail_on_rank1)
     opened = group.run(_leave_group_open)
-    assert [r.value for r in opened] == [2, 2] and all(r.group_left_initialised for r in opened)
-    assert [r.value for r in group.run(_leave_group_open)] == [2, 2], "the group left open was not destroyed"
+    assert [r.value for r in opened] == [2, 2] and all(r.group_left_initialised for r in opened), _said(opened)
+    again = group.run(_leave_group_open)
+    assert [r.value for r in again] == [2, 2], f"the group left open was not destroyed: {_said(again)}"
+
+
+def _said(results) -> str:
+    return "; ".join(f"rank {r.rank}: {r.error or r.value!r} {r.traceback[-600:]} {r.log[-300:]}" for r in results)
 
 
 def test_ranks_stop_a_job_at_its_timeout_and_start_again(group):
