@@ -112,7 +112,7 @@ def solution_ids(source: Path) -> list[str]:
 
 # Code a broken submission appends to its first solution cell (after the learner's correct answer).
 MISBEHAVIOUR = {
-    "forever": "while True:\n    pass",
+    "forever": "import time\nwhile True:\n    time.sleep(0.5)",   # hangs (the CPU limit has a test of its own)
     "memory": "def __hog():\n    chunks = []\n    while True:\n        chunks.append(b'\\x01' * 2**25)\n__hog()",
     "os_exit": "import os\nos._exit(3)",
     "segfault": "import ctypes\nctypes.string_at(0)",

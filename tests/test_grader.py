@@ -52,8 +52,9 @@ CLASS = {
     "peeks": ("peeks", 15 if sandbox.status()[0] and os.environ.get("GRADER_SANDBOX") != "off" else 14, set()),
 }
 SERIAL = ["os-exit", "truncated", "wrong-odd"]
-LIMITS = ["--timeout", "4", "--memory", "512M"]
-SERIAL_LIMITS = ["--timeout", "4", "--memory", "0.5GiB"]     # the same limit, written another way
+# 10 s a cell: on a busy machine (the suite runs files side by side) the memory bomb took over 4 s to reach its limit
+LIMITS = ["--timeout", "10", "--memory", "512M"]
+SERIAL_LIMITS = ["--timeout", "10", "--memory", "0.5GiB"]     # the same limits, the memory written another way
 # notes about the submission as a whole: shown once at the top of the feedback page, never in a test's row
 SUBMISSION_LEVEL = ("extra-files", "renamed", "kernel-name", "memory-limit", "wrote-files")
 

@@ -106,6 +106,7 @@ class KernelSandbox:
         self.peak_memory = 0                       # the most resident memory the watchdog saw, bytes
         self.flags: list[str] = []
         self.executes = self.posts = self.test_failures = 0
+        self.interrupts = 0                         # SIGINTs sent by the manager (a cell over its time limit)
         self.ready = False
         self.output_bytes = 0
         self._stop = threading.Event()
@@ -304,8 +305,8 @@ class KernelSandbox:
         if proc is not None:
             with contextlib.suppress(Exception):
                 proc.wait(timeout=10)
-        for t in self._threads:
-            t.join(timeout=5)
+        for t in self._threads:   # the reader ends at EOF, once the kernel's processes are gone
+            t.join(timeout=30)
         with contextlib.suppress(OSError):
             os.close(self.report_r)
         if self.report_w is not None:
@@ -339,7 +340,9 @@ class KernelSandbox:
         an allocation that failed at the memory limit (a MemoryError can strike inside the guard's own hooks)."""
         if not (self.integrity_expected and alive and self.hit is None and self.executes):
             return None
-        if self.ready and self.posts >= self.executes:
+        # An interrupt that lands before IPython runs the cell (a busy machine, a cell over its time limit) ends
+        # that cell without its post_run_cell report: one missing report per interrupt is no tampering.
+        if self.ready and self.posts + self.interrupts >= self.executes:
             return None
         if self.memory_error and self.ready and self.peak_memory >= 0.75 * self.limits.memory:
             # the guard's own hooks failed for want of memory: a real shortage (seen by the watchdog), not a raise

@@ -187,6 +187,13 @@ class SandboxedKernelManager(GraderKernelManager):
 
     shutdown_kernel = _async_shutdown_kernel   # AsyncKernelManager binds these names to KernelManager's functions
 
+    async def _async_interrupt_kernel(self) -> None:
+        if self._sb is not None:
+            self._sb.interrupts += 1
+        await super()._async_interrupt_kernel()
+
+    interrupt_kernel = _async_interrupt_kernel
+
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         sb, self._sb = self._sb, None
         error = None
