@@ -16,7 +16,8 @@ COSTLIEST = ["test_roundtrip.py", "test_browser.py", "test_grader.py", "test_mut
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker more than the cores, because many tests wait (on kernels, servers, subprocesses and
     timeouts) rather than compute; on 2 cores 3 workers kept the CPU busy to the end where 2 left ~15% of it idle."""
-    return (os.cpu_count() or 1) + 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 1  # the cores this process may use (a container's share), not the host's
 
 
 def pytest_collection_modifyitems(config, items):
