@@ -447,6 +447,24 @@ def test_removing_the_guard_fails_the_notebook(tmp_path, first):
         asyncio.run(go())
 
 
+def test_an_interrupted_cell_may_lack_its_guard_report_but_no_other_cell():
+    """A SIGINT that lands before IPython runs the cell (a cell over its time limit, a busy machine) ends it without
+    the guard's report: one missing report per interrupt is allowed, one more is still an integrity error."""
+    from types import SimpleNamespace
+
+    from grader.sandbox.box import KernelSandbox
+
+    box = KernelSandbox.__new__(KernelSandbox)  # only the verdict's inputs: no kernel, no folders
+    box.km, box.workdir = SimpleNamespace(sandbox_event=lambda *a, **k: None), Path("work")
+    box.integrity_expected, box.ready, box.hit, box.memory_error = True, True, None, None
+    box.executes, box.posts, box.interrupts = 3, 2, 1
+    assert box._integrity_error(alive=True) is None
+    box.posts = 1
+    assert isinstance(box._integrity_error(alive=True), sandbox.SandboxIntegrityError)
+    box.posts, box.interrupts = 2, 0
+    assert isinstance(box._integrity_error(alive=True), sandbox.SandboxIntegrityError)
+
+
 @needs_sandbox
 def test_in_test_tampering_fails_the_test(tmp_path):
     """A solution that replaces a checker while the test cell runs fails that test."""
