@@ -19,9 +19,10 @@ import traceback
 from types import FunctionType, TracebackType
 from typing import Any
 
+from course import observe
 from course.ownership import is_cell_file, why_not_own
 
-__all__ = ["graded", "grading"]
+__all__ = ["attempt", "graded", "grading", "judged"]
 
 # Set to True by the grader's kernel guard (grader/integrity.py), which puts it back before every cell: in a grading
 # kernel test cells are graded whatever a learner's cell did to the environment.
@@ -117,6 +118,50 @@ class graded:  # noqa: N801 - used like a function: `with checks.graded("pick_de
             return (f"✗ `{missing}` is not defined. Fix: run the cell that defines `{missing}` first "
                     "(Run > Run All Cells)")
         return None
+
+
+def judged(name: str) -> None:
+    """Run the hidden test `name` of the calling test cell: its probe, then its judge.
+
+    The cell defines `__probe_<name>()`, which calls the learner's code on the test's inputs and returns what it
+    observed (plain values, tensors, dtypes, devices, exceptions: see `course.observe`), and `__judge_<name>(seen)`,
+    which decides from those observations alone with the usual checks. Here the observations go through the same
+    encoding they cross the kernel's boundary with, and the judge runs on what comes out. In a kernel of the course's
+    grader the judge is not in the kernel at all: the probe's observations are sent out as one display output, and
+    the grader, in its own process, runs the judge from the instructor's notebook (grader/judge.py).
+    """
+    __tracebackhide__ = True
+    namespace = sys._getframe(1).f_globals
+    seen = namespace[f"__probe_{name}"]()
+    text = observe.dumps(seen)
+    if _GUARDED is True:
+        _emit(name, text)
+        return
+    namespace[f"__judge_{name}"](observe.loads(text))
+
+
+def attempt(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """For probes: `function(*args, **kwargs)`, or the Exception it raised (an observation like any other).
+
+    NotImplementedError from notebook code is not caught: an exercise that is not written yet says so."""
+    __tracebackhide__ = True
+    try:
+        return function(*args, **kwargs)
+    except NotImplementedError as error:
+        code = _innermost(error.__traceback__)
+        if code is not None and is_cell_file(code.co_filename):
+            raise
+        return error
+    except Exception as error:  # noqa: BLE001 - what the learner's code raised is what the judge decides on
+        return error
+
+
+def _emit(name: str, text: str) -> None:
+    """One probe's observations, as a display output of the running test cell (read by the grader, then removed)."""
+    from IPython.display import display
+
+    display({observe.MIME: {"name": name, "observations": text}, "text/plain": f"[observations of {name}]"},
+            raw=True)
 
 
 def _note_stderr(text: str) -> None:

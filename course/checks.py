@@ -21,10 +21,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from course._testcell import graded, grading
+from course._testcell import attempt, graded, grading, judged
 
-__all__ = ["check", "expect_equal", "expect_close", "expect_raises", "expect_type", "graded", "grading", "passed",
-           "type_name"]
+__all__ = ["attempt", "check", "expect_equal", "expect_close", "expect_raises", "expect_type", "graded", "grading",
+           "judged", "passed", "type_name"]
 
 _MAX_REPR = 300
 

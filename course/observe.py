@@ -1,0 +1,277 @@
+"""Observations: what a hidden test saw the learner's code do, as plain data that can leave the kernel.
+
+Not taught in a lesson; it backs `course.checks.judged`, used by the hidden tests of every notebook from 01-device
+on. A hidden test is split in two. Its *probe* runs in the learner's kernel: it calls the learner's code on the
+test's inputs and returns what it observed (values, shapes, dtypes, devices, the simulated GPU's events). Its
+*judge* decides from those observations alone, and under the course's grader it runs in the grader's own process,
+where no learner code runs. The observations cross that boundary as JSON text, never as code or pickles.
+
+`encode` keeps what a check may depend on and JSON would lose: tuples stay tuples (not lists), bools stay bools,
+ints stay ints, dicts may have non-string keys, and tensors, arrays, dtypes and devices keep their kind. The exact
+type of every container is kept too: a subclass of tuple is not a tuple. Anything else becomes an `Opaque` (its type
+and a short repr), which no check mistakes for a value. `decode` builds the values back with no learner code, so the
+judge sees the same thing in the kernel (a learner's own run, `nbgrader validate`) and in the grader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MIME", "Observed", "Opaque", "Raised", "Tensor", "decode", "dumps", "encode", "loads"]
+
+MIME = "application/vnd.gpu-course.observation+json"  # the display output that carries one probe's observations
+_TAG = "§"       # the key of a tagged value: {"§": kind, ...}; no check uses this character in its own keys
+_DEPTH = 32
+_MAX_ELEMENTS = 1_000_000  # a tensor bigger than this is described, not copied
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
+           "complex64", "complex128")
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value the probe could not turn into data: its exact type and a short repr."""
+    type: str
+    repr: str
+
+
+def _type_name(x: Any) -> str:
+    kind = type(x)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind.__name__)}"
+
+
+def _short_repr(x: Any) -> str:
+    try:
+        return repr(x)[:200]
+    except Exception:  # noqa: BLE001 - a learner's object whose repr fails is still described
+        return "<repr failed>"
+
+
+def _float(x: float) -> Any:
+    return x if math.isfinite(x) else {_TAG: "float", "v": repr(x)}
+
+
+def encode(x: Any, depth: int = 0) -> Any:
+    """`x` as JSON-ready data that `decode` turns back into an equal value of the same kind."""
+    if depth > _DEPTH:
+        return {_TAG: "opaque", "type": _type_name(x), "repr": "<nested too deep>"}
+    kind = type(x)
+    if x is None or kind in (bool, str):
+        return x
+    if kind is int:
+        return x if abs(x) < 2**53 else {_TAG: "int", "v": str(x)}
+    if kind is float:
+        return _float(x)
+    if kind in (list, tuple, set, frozenset):
+        items = sorted(x, key=repr) if kind in (set, frozenset) else x
+        body = [encode(v, depth + 1) for v in items]
+        return body if kind is list else {_TAG: kind.__name__, "v": body}
+    if kind is dict:
+        if all(type(k) is str and k != _TAG for k in x):
+            return {k: encode(v, depth + 1) for k, v in x.items()}
+        return {_TAG: "dict", "v": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in x.items()]}
+    if isinstance(x, BaseException):
+        return {_TAG: "error", "type": _type_name(x), "message": str(x)[:500] if _safe_str(x) else ""}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if kind is torch.device:
+            return {_TAG: "device", "v": str(x)}
+        if kind is torch.dtype:
+            return {_TAG: "dtype", "v": str(x).removeprefix("torch.")}
+        if kind is torch.Size:
+            return {_TAG: "size", "v": [int(n) for n in x]}
+        if isinstance(x, torch.Tensor):
+            return _tensor(x, torch)
+    np = sys.modules.get("numpy")
+    if np is not None and kind is np.ndarray:
+        return {_TAG: "ndarray", "dtype": str(x.dtype), "shape": list(x.shape), "v": _plain(x.tolist())}
+    if np is not None and isinstance(x, np.generic):
+        return {_TAG: "npscalar", "dtype": str(x.dtype), "v": _plain(x.item())}
+    return {_TAG: "opaque", "type": _type_name(x), "repr": _short_repr(x)}
+
+
+def _safe_str(x: Any) -> bool:
+    try:
+        str(x)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _plain(values: Any) -> Any:
+    """Nested lists of numbers (from tolist()), with non-finite floats and complex numbers tagged."""
+    if isinstance(values, list):
+        return [_plain(v) for v in values]
+    if isinstance(values, float):
+        return _float(values)
+    if isinstance(values, complex):
+        return {_TAG: "complex", "v": [_float(values.real), _float(values.imag)]}
+    return values
+
+
+def _tensor(x: Any, torch: Any) -> dict:
+    head = {_TAG: "tensor", "dtype": str(x.dtype).removeprefix("torch."), "shape": [int(n) for n in x.shape],
+            "device": str(x.device), "requires_grad": bool(x.requires_grad), "exact": type(x) is torch.Tensor}
+    if x.device.type == "meta" or x.numel() > _MAX_ELEMENTS:
+        return head
+    try:
+        data = x.detach()
+        values = data.to("cpu") if data.device.type != "cpu" else data
+        if values.dtype in (torch.float16, torch.bfloat16):
+            values = values.float()  # tolist() keeps the stored value exactly: fp16/bf16 widen to fp32 losslessly
+        head["v"] = _plain(values.tolist())
+    except Exception as exc:  # noqa: BLE001 - a tensor whose values cannot be read is described
+        head["unreadable"] = f"{type(exc).__name__}: {_short_repr(str(exc))}"
+    return head
+
+
+def dumps(x: Any) -> str:
+    """`encode(x)` as JSON text (NaN and infinities are tagged, so the text is strict JSON)."""
+    return json.dumps(encode(x), allow_nan=False)
+
+
+def loads(text: str) -> Any:
+    """The value `dumps` wrote, built from data alone (`decode` of strict JSON)."""
+    return decode(json.loads(text, parse_constant=_refuse_constant))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"observations never hold a bare {name}")
+
+
+def decode(data: Any) -> Any:
+    """The value that `encode` described: tuples as tuples, a tensor as a `Tensor` (its values on the CPU, with the
+    device, requires_grad and exactness it had), one whose values were not copied as an `Observed`, a caught
+    exception as a `Raised`, and anything that was not data as an `Opaque`."""
+    if isinstance(data, list):
+        return [decode(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    tag = data.get(_TAG)
+    if tag is None:
+        return {k: decode(v) for k, v in data.items()}
+    return _DECODERS.get(tag, _opaque)(data)
+
+
+def _opaque(data: dict) -> Opaque:
+    return Opaque(str(data.get("type", "?")), str(data.get("repr", "")))
+
+
+def _unplain(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_unplain(v) for v in values]
+    if isinstance(values, dict):
+        tag = values.get(_TAG)
+        if tag == "float":
+            return float(values["v"])
+        if tag == "complex":
+            return complex(*(_unplain(v) for v in values["v"]))
+    return values
+
+
+def _decode_tensor(data: dict) -> Any:
+    import torch
+
+    name = data.get("dtype")
+    if name not in _DTYPES:
+        return Opaque("torch.Tensor", f"a tensor of dtype {name!r}")
+    shape = tuple(int(n) for n in data.get("shape", ()))
+    if "v" not in data:
+        return Observed(shape, name, str(data.get("device", "?")), bool(data.get("requires_grad")),
+                        data.get("unreadable"))
+    wide = "float32" if name in ("float16", "bfloat16") else name
+    value = torch.tensor(_unplain(data["v"]), dtype=getattr(torch, wide)).reshape(shape).to(getattr(torch, name))
+    return Tensor(value, str(data.get("device", "cpu")), bool(data.get("requires_grad")), bool(data.get("exact")))
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor as the probe saw it: its values (on the CPU), and where it was."""
+    value: Any
+    device: str
+    requires_grad: bool
+    exact: bool          # type(x) is torch.Tensor (not a subclass)
+
+    @property
+    def dtype(self) -> Any:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A tensor whose values were not copied (on the meta device, too big, or unreadable): its description."""
+    shape: tuple[int, ...]
+    dtype_name: str
+    device: str
+    requires_grad: bool
+    unreadable: str | None = None
+
+
+def _decode_dtype(data: dict) -> Any:
+    import torch
+
+    name = data.get("v")
+    return getattr(torch, name) if name in _DTYPES else Opaque("torch.dtype", repr(name))
+
+
+def _decode_device(data: dict) -> Any:
+    import torch
+
+    try:
+        return torch.device(str(data.get("v")))
+    except (RuntimeError, ValueError):
+        return Opaque("torch.device", repr(data.get("v")))
+
+
+def _decode_size(data: dict) -> Any:
+    import torch
+
+    return torch.Size(int(n) for n in data.get("v", ()))
+
+
+def _decode_ndarray(data: dict) -> Any:
+    import numpy as np
+
+    return np.asarray(_unplain(data.get("v")), dtype=np.dtype(str(data.get("dtype")))).reshape(data.get("shape"))
+
+
+def _decode_npscalar(data: dict) -> Any:
+    import numpy as np
+
+    return np.dtype(str(data.get("dtype"))).type(_unplain(data.get("v")))
+
+
+_DECODERS = {
+    "tuple": lambda d: tuple(decode(v) for v in d["v"]),
+    "set": lambda d: {decode(v) for v in d["v"]},
+    "frozenset": lambda d: frozenset(decode(v) for v in d["v"]),
+    "dict": lambda d: {decode(k): decode(v) for k, v in d["v"]},
+    "int": lambda d: int(d["v"]),
+    "float": lambda d: float(d["v"]),
+    "error": lambda d: Raised(str(d.get("type", "?")), str(d.get("message", ""))),
+    "opaque": _opaque,
+    "tensor": _decode_tensor,
+    "dtype": _decode_dtype,
+    "device": _decode_device,
+    "size": _decode_size,
+    "ndarray": _decode_ndarray,
+    "npscalar": _decode_npscalar,
+}
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception the learner's code raised, as the probe caught it: its type (`module.Name`) and message."""
+    type: str
+    message: str
+
+    @property
+    def name(self) -> str:
+        return self.type.rsplit(".", 1)[-1]
