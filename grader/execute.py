@@ -11,6 +11,14 @@ nbgrader does (same timeouts, errors allowed, same outputs), and adds:
 - an output cap while a cell runs (`max_output_bytes`), so a cell that prints forever cannot fill the grader's memory
   before nbgrader's LimitOutput trims what is kept.
 
+- grades decided outside the kernel (issue #21's design): the notebook that runs is the source's cells with the
+  student's answers in place (`grader.trusted`: cells a student added or changed are kept for the feedback but not
+  run); each test cell runs without its judges, which then decide here from the probes' observations
+  (`grader.judge`), and the verdict replaces the cell's outputs before nbgrader reads them;
+- a submission whose answers use an operation that interferes with grading (`grader.scan`, or the kernel's audit
+  hook, `grader/integrity.py`) is held for review: every test cell gets a `HeldForReview` error that names the
+  operation, the cell and the line, and what the cell would have scored.
+
 Every mark is an ordinary error output, so nbgrader scores the cell 0 and the feedback shows why; `grader.outcome`
 reads the same outputs back to write the reasons.
 """
@@ -19,13 +27,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import signal
+from pathlib import Path
 from time import monotonic
 
 from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
+from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
+
+from grader import judge, scan, trusted
+from grader.nbtools import grade_id, nbgrader_meta, read
 
 KERNEL_DIED = "KernelDied"
 NOT_RUN = "NotRun"
@@ -76,10 +89,14 @@ class GraderExecute(Execute):
     _deadline: float | None = None
     _output_bytes = 0
     _cut_streams: set = set()
+    _not_run: set = set()
+    _tests: dict = {}
+    _reviews: list = []
 
     # ------------------------------------------------------------------ the loop
 
     def preprocess(self, nb, resources=None, km=None):
+        nb, findings = self._plan(nb, resources or {})
         NotebookClient.__init__(self, nb, km)
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
@@ -89,7 +106,63 @@ class GraderExecute(Execute):
         while start is not None:
             start = self._execute_from(start, crashed)
         self.set_widgets_metadata()
+        reviews = findings + self._audit_findings()
+        if reviews:
+            self._hold(reviews)
         return self.nb, self.resources
+
+    # ------------------------------------------------------------------ trusted judgement
+
+    def _source(self, resources: dict):
+        """The instructor's notebook this submission was released from, or None (validate, a bare notebook)."""
+        info = resources.get("nbgrader") or {}
+        assignment, notebook = info.get("assignment"), info.get("notebook")
+        if not assignment or not notebook:
+            return None
+        coursedir = CourseDirectory(config=self.config)
+        path = Path(coursedir.format_path(coursedir.source_directory, ".", assignment)) / f"{notebook}.ipynb"
+        return read(path) if path.is_file() else None
+
+    def _plan(self, nb, resources: dict):
+        """The notebook to run (instructor's cells + answers), its test cells' judges, and the static findings."""
+        source = self._source(resources)
+        self._not_run, self._tests, self._reviews = set(), {}, []
+        if source is not None:
+            plan = trusted.rebuild(nb, source)
+            nb, self._not_run = plan.notebook, plan.not_run
+            nb.metadata.setdefault("grader", {})["not_run"] = plan.added
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and nbgrader_meta(cell).get("grade") and not nbgrader_meta(cell).get(
+                    "solution"):
+                try:
+                    kernel_source, judges = judge.split(cell.source)
+                except (ValueError, SyntaxError) as exc:
+                    raise RuntimeError(f"test cell {grade_id(cell)}: its judge regions are broken: {exc}") from exc
+                self._tests[index] = (cell.source, kernel_source, judges)
+        self.kernel_plan = {"tests": {grade_id(nb.cells[i]): t[1] for i, t in self._tests.items()},
+                            "answers": {grade_id(c): c.source for c in nb.cells
+                                        if c.cell_type == "code" and nbgrader_meta(c).get("solution")}}
+        return nb, [str(f) for f in scan.scan(nb)]
+
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        km.grading_plan = self.kernel_plan      # the sandbox tells the guard which cells are tests and answers
+        km.grading_reviews = self._reviews      # and the guard's refusals come back here (grader/sandbox/box.py)
+        return km
+
+    def _audit_findings(self) -> list[str]:
+        return list(self._reviews)
+
+    def _hold(self, reviews: list[str]) -> None:
+        why = "; ".join(sorted(set(reviews))[:5]) + (f"; and {len(set(reviews)) - 5} more" if len(set(reviews)) > 5
+                                                     else "")
+        for cell in self.nb.cells:
+            if cell.cell_type == "code" and nbgrader_meta(cell).get("grade"):
+                errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+                would = "failed" if errors else "passed"
+                cell.outputs = [judge.error(judge.HELD, f"held for review: {why} (without the hold this test {would})"),
+                                *cell.get("outputs", [])]
+        self.nb.metadata.setdefault("grader", {})["review"] = sorted(set(reviews))
 
     def _execute_from(self, start: int, crashed: list[int]) -> int | None:
         """Run cells from `start` in a fresh kernel (after replaying the ones before); the next start, or None."""
@@ -128,7 +201,23 @@ class GraderExecute(Execute):
 
     def preprocess_cell(self, cell, resources, index):
         self._output_bytes, self._cut_streams = 0, set()
-        return super().preprocess_cell(cell, resources, index)
+        if index in self._not_run:
+            return cell, resources
+        test = self._tests.get(index)
+        if test is None:
+            return super().preprocess_cell(cell, resources, index)
+        original, kernel_source, judges = test
+        guarded = getattr(self.km, "guarded", None)
+        if not (callable(guarded) and guarded()):
+            # no guard in this kernel (plain kernels, `grader check`): the judges run inline, in the cell itself
+            kernel_source, judges = original, judge.Judges()
+        cell.source = kernel_source
+        try:
+            result = super().preprocess_cell(cell, resources, index)
+        finally:
+            cell.source = original
+        cell.outputs, _ = judge.decide(cell.get("outputs", []), judges, grade_id(cell) or f"cell {index}")
+        return result
 
     def on_cell_executed(self, **kwargs):
         super().on_cell_executed(**kwargs)
@@ -139,10 +228,14 @@ class GraderExecute(Execute):
     def _replay(self, index: int) -> None:
         """Re-run a cell that already ran, in a new kernel, keeping its first outputs."""
         cell = self.nb.cells[index]
-        if cell.cell_type != "code" or not cell.source.strip():
+        if cell.cell_type != "code" or not cell.source.strip() or index in self._not_run:
             return
         self._output_bytes, self._cut_streams = 0, set()
-        self.execute_cell(copy.deepcopy(cell), index, store_history=False)
+        replay = copy.deepcopy(cell)
+        guarded = getattr(self.km, "guarded", None)
+        if index in self._tests and callable(guarded) and guarded():
+            replay.source = self._tests[index][1]
+        self.execute_cell(replay, index, store_history=False)
         self.nb.cells[index] = cell
 
     # ------------------------------------------------------------------ limits
@@ -205,7 +298,7 @@ class GraderExecute(Execute):
         self.log.warning("cell %d: %s: %s", index, error.ename, error.evalue)
 
     def _mark_not_run(self, start: int, why: str) -> None:
-        for cell in self.nb.cells[start:]:
-            if cell.cell_type == "code" and cell.source.strip():
+        for index, cell in enumerate(self.nb.cells[start:], start):
+            if cell.cell_type == "code" and cell.source.strip() and index not in self._not_run:
                 cell.outputs = [_error(NOT_RUN, f"not run: {why}")]
                 cell.execution_count = None

@@ -2,7 +2,9 @@
 
 The grader never imports this module. `grader.sandbox` starts every grading kernel as
 
-    python -c <BOOTSTRAP> <this file> <config json> -m ipykernel_launcher -f <connection file> ...
+    python -c <BOOTSTRAP> <this file> fd:<N> -m ipykernel_launcher -f <connection file> ...
+
+(the config JSON is read once from the inherited pipe N, so the report token is not on the command line)
 
 and `main()` then, before any notebook code runs: applies the resource limits, drops to the sandbox identity,
 installs a `Guard`, and starts ipykernel with the guard attached.
@@ -21,6 +23,12 @@ What the guard protects, and how:
   NBGRADER_EXECUTION (and `os.environ` itself) as they were at start, and puts both back before and after every cell,
   so deleting the variable or resetting the flag in a cell turns no failure into a pass.
 - An audit hook refuses sys.settrace/sys.setprofile (a tracer can skip an `assert` line) and new audit hooks.
+- The same hook refuses, and reports for review ("review" events: the operation, the answer cell, the line), what no
+  answer to this course needs when the frame that does it is the student's own code (an answer cell, or a function
+  defined in one; config "answers": digest -> grade_id): frames (`sys._getframe`, a traceback's or generator's
+  frame), `gc`'s object walks, `ctypes`, `exec`/`compile`, new code or function objects, reading or replacing a
+  function's `__code__`/`__globals__`, tracing and monitoring hooks, `marshal`, and opening `/proc/...`. Library code
+  the student calls (torch.compile's own exec, logging's frames) is not the student's frame and is left alone.
 - A change to anything protected *during a test cell* fails that cell (an error output, as a failed test).
 - Graded names must be the learner's own: before a test cell runs, the graded name it tests (config "graded": test
   cell digest -> names, from the notebook's nbgrader metadata) must hold code written in the notebook, not an
@@ -45,6 +53,7 @@ import json
 import operator
 import os
 import sys
+import threading
 import types
 
 PROTECTED_EXTRA = frozenset({"torch.testing", "torch.testing._comparison", "numpy.testing",
@@ -75,6 +84,14 @@ KERNEL_ATTRS = ("shell", "session", "iopub_socket", "shell_handlers", "control_h
 SESSION_ATTRS = ("pack", "unpack", "auth", "key", "signature_scheme")
 BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.addaudithook"})
 WATCHED_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
+# Refused, and reported for review, when the code that does it directly is the student's (a graded cell, or a
+# function defined in one): no honest answer to this course needs them (grader/scan.py lists the same by name).
+STUDENT_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename", "gc.get_objects",
+                            "gc.get_referrers", "gc.get_referents", "exec", "compile", "code.__new__",
+                            "function.__new__", "object.__setattr__", "object.__delattr__", "sys.settrace",
+                            "sys.setprofile", "sys.addaudithook", "marshal.loads", "cpython.run_command"})
+STUDENT_PREFIXES = ("ctypes.", "sys.monitoring.", "cpython._PySys_ClearAuditHooks")
+GETATTR_REFUSED = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__", "__globals__", "f_back"})
 GRADING_MODULE, GRADING_FLAG = "course._testcell", "_GUARDED"  # True: test cells raise their failures (graded mode)
 GRADING_VARIABLE = "NBGRADER_EXECUTION"  # set by nbgrader's validate and autograde; course.checks reads it too
 PRISTINE = "__grader_builtins__"      # notebook-level name through which test cells read pristine builtins
@@ -406,6 +423,10 @@ class Guard:
         self._seen = set()
         self._cells = 0
         self._in_test = False
+        self._answers = {str(k): str(v) for k, v in (config.get("answers") or {}).items()}  # digest -> grade_id
+        self._student_cell = None       # the grade_id of the answer cell running now, if one is
+        self._student_files = {}        # co_filename -> grade_id of the code each answer cell defined
+        self._hooked = threading.local()
         self._allow_trace = False
         self._armed = False             # the kernel's own start-up (debugpy) may trace; notebook code may not
         self._broken = False
@@ -487,6 +508,10 @@ class Guard:
 
     # ---- the audit hook (cannot be removed once added) ---------------------------------------------------------
     def _audit(self, event, args):
+        if self._armed and (event in STUDENT_EVENTS or event.startswith(STUDENT_PREFIXES) or (
+                event == "object.__getattr__" and len(args) > 1 and args[1] in GETATTR_REFUSED) or (
+                event == "open" and args and isinstance(args[0], str) and args[0].startswith("/proc/"))):
+            self._student_audit(event, args)
         if event in BLOCKED_EVENTS:
             if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
                 return
@@ -494,6 +519,30 @@ class Guard:
             raise RuntimeError(f"{event} is disabled while grading")
         if event in WATCHED_EVENTS and self._armed:
             self._flag(f"called {event}()")
+
+    def _student_audit(self, event, args):
+        """Refuse `event` when the frame that caused it is the student's own code; report it for review."""
+        hooked = self._hooked
+        if getattr(hooked, "busy", False):
+            return
+        hooked.busy = True
+        try:
+            frame = sys._getframe(2)    # 0: this method, 1: _audit, 2: the code that did the operation
+            code = frame.f_code
+            cell = self._student_files.get(code.co_filename)
+            if cell is None and self._student_cell is not None and _cell_code(code.co_filename):
+                cell = self._student_cell
+            line = frame.f_lineno
+        except Exception:               # noqa: BLE001 - no frame to blame: not the student's code
+            return
+        finally:
+            hooked.busy = False
+        if cell is None:
+            return
+        what = event if event not in ("object.__getattr__", "object.__setattr__", "object.__delattr__") else (
+            f"{event.split('.')[1].strip('_')} of .{args[1] if len(args) > 1 else '?'}")
+        self._send("review", what=what, cell=cell, line=line)
+        raise PermissionError(f"{what} is not allowed in graded code (the grader reports it for review)")
 
     # ---- checks ---------------------------------------------------------------------------------------------
     def verify(self):
@@ -625,6 +674,8 @@ class Guard:
         self._broken = False
         changes = self.verify()
         self._in_test = info is not None and self._is_test(info)
+        raw = getattr(info, "raw_cell", "") or "" if info is not None else ""
+        self._student_cell = None if self._in_test else self._answers.get(hashlib.sha256(raw.encode()).hexdigest())
         self._unshadow.names = frozenset()
         self._refusal = None
         self._unshadow.refuse = False
@@ -678,6 +729,9 @@ class Guard:
         self._unshadow.names = frozenset(names)
 
     def _post_run_cell(self, result=None):
+        if self._student_cell is not None and result is not None:
+            self._learn_files(getattr(getattr(result, "info", None), "raw_cell", "") or "", self._student_cell)
+        self._student_cell = None
         changes = self.verify()
         shell = self._shell
         if self._unshadow.names and shell is not None and shell.user_ns.get(PRISTINE) is not self._pristine:
@@ -693,6 +747,22 @@ class Guard:
         self._refusal = None
         self._in_test = False
         self._report("post", changes, failed=failed)
+
+    def _learn_files(self, source, cell):
+        """Remember the file names of the code an answer cell defined: later, their frames are the student's."""
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return
+        ns = self._shell.user_ns if self._shell is not None else {}
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                value = ns.get(node.name)
+                for fn in [value, *(vars(value).values() if isinstance(value, type) else ())]:
+                    for inner in _functions_of(fn):
+                        code = getattr(inner, "__code__", None)
+                        if isinstance(code, types.CodeType) and _cell_code(code.co_filename):
+                            self._student_files[code.co_filename] = cell
 
     def _fail_cell(self, result, changes):
         message = ("protected code was replaced while this test ran (" + ", ".join(sorted(set(changes))[:8])
@@ -746,6 +816,11 @@ class Guard:
             self._fd = None
 
 
+def _cell_code(filename):
+    """Whether code with this co_filename was compiled from a notebook cell (IPython's or ipykernel's names)."""
+    return isinstance(filename, str) and (filename.startswith("<ipython-input-") or "/ipykernel_" in filename)
+
+
 def _apply_limits(limits):
     try:
         import resource
@@ -786,7 +861,12 @@ def _drop_privileges(uid, gid):
 
 def main(argv):
     """Bootstrap one grading kernel: limits, identity, guard, then ipykernel (see the module docstring)."""
-    config = json.loads(argv[0])
+    if argv[0].startswith("fd:"):       # the settings come through a pipe, not the command line that /proc shows
+        fd = int(argv[0][3:])
+        with os.fdopen(fd, "rb") as stream:
+            config = json.loads(stream.read().decode())
+    else:
+        config = json.loads(argv[0])
     kernel_argv = list(argv[1:])
     _apply_limits(config.get("limits") or {})
     _drop_privileges(config.get("uid"), config.get("gid"))

@@ -44,7 +44,8 @@ CLASS = {
     "forever": ("forever", 15, {"cell-timeout"}),
     "memory": ("memory", 15, {"memory-limit"}),
     "os-exit": ("os_exit", 14, {"kernel-died"}),     # the crashed cell's def is lost: square fails
-    "segfault": ("segfault", 14, {"kernel-died"}),
+    # ctypes is refused in an answer cell and the notebook is held for review (grader/scan.py): only the bonus counts
+    "segfault": ("segfault", 8, set()),
     "sys-exit": ("sys_exit", 15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
     "flood": ("flood", 15, {"output-truncated"}),
     "writes-files": ("writes_files", 15, {"wrote-files"}),

@@ -61,6 +61,18 @@ class SandboxIntegrityError(RuntimeError):
     """
 
 
+def planned_sources(plan: dict) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """From the grader's plan (grader.execute): sha256 of each test cell's source as the kernel runs it (judges
+    stripped) -> the graded name it tests, and sha256 of each answer cell's source -> its grade_id."""
+    answers = {hashlib.sha256(src.encode()).hexdigest(): gid for gid, src in (plan.get("answers") or {}).items()}
+    solutions = sorted(plan.get("answers") or {}, key=len, reverse=True)
+    tests: dict[str, list[str]] = {}
+    for gid, source in (plan.get("tests") or {}).items():
+        tested = next((g for g in solutions if gid == f"test_{g}" or str(gid).startswith(f"test_{g}_")), None)
+        tests.setdefault(hashlib.sha256(source.encode()).hexdigest(), []).extend([tested] if tested else [])
+    return tests, answers
+
+
 def test_sources(workdir: Path) -> dict[str, list[str]]:
     """sha256 of each nbgrader test cell's source in the working copy's notebooks (read before the kernel runs), with
     the graded name it tests: the solution grade_id `g` of a test cell `test_<g>` or `test_<g>_<suffix>`."""
@@ -99,7 +111,7 @@ class KernelSandbox:
         self.test_marker = f"grader-test-{self.token}"
         self.slot: UidSlot | None = None
         self.uid = self.gid = None
-        self.report_r = self.report_w = None
+        self.report_r = self.report_w = self.config_r = None
         self.pid: int | None = None
         self.hit: dict | None = None               # the limit that stopped the kernel: {"kind", "reason"}
         self.memory_error: str | None = None       # an allocation failed at the memory limit (the kernel lived on)
@@ -118,7 +130,12 @@ class KernelSandbox:
             self.workdir.mkdir()
             km.log.warning("grader sandbox: the kernel was started without a working directory; it gets an empty one")
         self.copy = WorkingCopy(self.workdir)
-        self.test_sources = test_sources(self.workdir)
+        plan = getattr(km, "grading_plan", None)
+        self.answers: dict[str, str] = {}
+        if plan:
+            self.test_sources, self.answers = planned_sources(plan)
+        else:
+            self.test_sources = test_sources(self.workdir)
         self.disk_start = dir_bytes([self.workdir])[0]
         if self.root_mode:
             try:
@@ -155,13 +172,22 @@ class KernelSandbox:
         integrity_path = f"{INSIDE_BIN}/integrity.py" if self.isolated else str(bin_dir / "integrity.py")
         self.report_r, self.report_w = os.pipe()
         os.set_inheritable(self.report_w, True)
+        config_fd = None
         for i in range(1, len(cmd) - 1):
             if cmd[i:i + 2] == ["-m", "ipykernel_launcher"]:
-                cmd[i:i] = ["-c", BOOTSTRAP, integrity_path, json.dumps(self._kernel_config())]
+                # the guard's settings (its report token) travel through a pipe, read once: /proc/<pid>/cmdline
+                # would show them to the student's code
+                config_fd, config_w = os.pipe()
+                os.write(config_w, json.dumps(self._kernel_config()).encode())
+                os.close(config_w)
+                os.set_inheritable(config_fd, True)
+                self.config_r = config_fd
+                cmd[i:i] = ["-c", BOOTSTRAP, integrity_path, f"fd:{config_fd}"]
                 self.integrity_expected = True
                 break
         kw = dict(kw)
-        kw["pass_fds"] = tuple(kw.get("pass_fds", ())) + (self.report_w,)
+        kw["pass_fds"] = tuple(kw.get("pass_fds", ())) + (self.report_w,) + (
+            (config_fd,) if config_fd is not None else ())
         if self.isolated:
             warm = Path(self.km.compile_cache) if self.km.compile_cache else None
             kw["env"] = kernel_environment(kw.get("env") or dict(os.environ), self.km.pass_env,
@@ -189,6 +215,7 @@ class KernelSandbox:
                 "token": self.token, "test_marker": self.test_marker, "isolated": self.isolated,
                 "course_dir": str(course) if course else None,
                 "graded": {digest: names for digest, names in self.test_sources.items() if names},
+                "answers": self.answers,
                 "home": INSIDE_HOME if self.isolated else None,
                 "neutral_dir": INSIDE_HOME if self.isolated else "/"}
 
@@ -198,6 +225,9 @@ class KernelSandbox:
         if self.report_w is not None:
             os.close(self.report_w)
             self.report_w = None
+        if self.config_r is not None:
+            os.close(self.config_r)
+            self.config_r = None
         for target in (self._read_reports, self._watch):
             t = threading.Thread(target=target, name=f"grader-sandbox-{target.__name__}", daemon=True)
             t.start()
@@ -227,6 +257,11 @@ class KernelSandbox:
                 elif ev == "post":
                     self.posts += 1
                     self.test_failures += bool(msg.get("failed"))
+                elif ev == "review":
+                    reviews = getattr(self.km, "grading_reviews", None)
+                    if isinstance(reviews, list) and len(reviews) < 50:
+                        reviews.append(f"cell `{str(msg.get('cell'))[:80]}`, line {msg.get('line')}: "
+                                       f"{str(msg.get('what'))[:120]} (refused at run time)")
                 for flag in msg.get("flags") or ():
                     if flag not in self.flags and len(self.flags) < 200:
                         self.flags.append(str(flag)[:300])
@@ -355,6 +390,10 @@ class KernelSandbox:
         return SandboxIntegrityError(f"grader sandbox ({self.workdir}): {reason}; the notebook is not graded")
 
     def release(self) -> None:
+        if self.config_r is not None:       # the kernel never started: its settings pipe is still ours
+            with contextlib.suppress(OSError):
+                os.close(self.config_r)
+            self.config_r = None
         if self.slot is not None:
             self.slot.release()
         cache = self.priv / "home" / Path(INSIDE_COMPILE_CACHE).relative_to(INSIDE_HOME)

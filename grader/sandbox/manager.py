@@ -169,6 +169,10 @@ class SandboxedKernelManager(GraderKernelManager):
             instrument(kc, self._sb)
         return kc
 
+    def guarded(self) -> bool:
+        """Whether the current kernel runs under the integrity guard (then test cells run without their judges)."""
+        return self._sb is not None and self._sb.integrity_expected
+
     def sandbox_limit(self) -> dict | None:
         """The limit that stopped the current (or last) kernel, {"kind", "reason"}; None if none did."""
         if self._sb is not None:

@@ -1,0 +1,70 @@
+"""A catalogue of attacks on the grader, written on top of do-nothing stubs (tests/test_attacks.py grades them).
+
+Each attack is code a determined student could paste: `ADDED` attacks are cells added to the notebook (right after
+the first answer cell), `ANSWER` attacks are written into the first answer cell itself, after the released stub. The
+threat model (README, "Grading for credit"): the student can write any Python in their notebook and has read the
+learner edition, not the hidden tests. Every attack must earn nothing under the course's grader (or be held for
+review with its reason); the controls in tests/test_attacks.py show that each `ADDED` attack is real, by grading the
+same notebook with plain nbgrader, where it earns points.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    where: str        # "added": a new cell after the first answer cell; "answer": appended to the first answer cell
+    code: str
+    tries: str        # what it tries, in words
+
+
+ADDED = [
+    Attack("execute-result", "added", '''ip = get_ipython()
+
+
+def _full_marks(info=None):
+    ip.displayhook("full marks")  # nbgrader scores a test cell from its first error, stderr or execute_result
+
+
+ip.events.register("pre_run_cell", _full_marks)
+''', "an execute_result sent before each test body runs (nbgrader's first-output rule)"),
+    Attack("input-transformer", "added", '''def _skip_tests(lines):
+    text = "".join(lines)
+    return ["pass\\n"] if "checks.graded" in text else lines
+
+
+get_ipython().input_transformers_post.append(_skip_tests)
+''', "test cells rewritten to `pass` before they run"),
+    Attack("swallowing-context", "added", '''import warnings
+
+
+class _Swallow(warnings.catch_warnings):
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return True  # every failure inside a test body's `with warnings.catch_warnings(...)` disappears
+
+
+warnings.catch_warnings = _Swallow
+''', "warnings.catch_warnings patched so that a failed check inside it is swallowed"),
+    Attack("grading-flag", "added", '''import os
+
+import course._testcell
+
+course._testcell._GUARDED = False
+os.environ.pop("NBGRADER_EXECUTION", None)  # test cells then show their failures instead of raising them
+''', "the graded-mode switch turned off, so that failures are only shown"),
+]
+
+ANSWER = [
+    Attack("runtime-frame", "answer", '''
+import os as _os
+
+_sys = getattr(_os, "sys")
+_frame = getattr(_sys, "_get" + "frame")(0)  # reaches the interpreter's frames, spelled so no scan sees it
+''', "frame introspection, spelled so that a static look cannot see it (the audit hook refuses it)"),
+    Attack("visible-transformer", "answer", '''
+get_ipython().input_transformers_post.append(lambda lines: ["pass\\n"] if "graded" in "".join(lines) else lines)
+''', "an input transformer installed from an answer cell (the static scan sees it)"),
+]

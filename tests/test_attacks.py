@@ -1,0 +1,224 @@
+"""A determined student cannot talk their way to a grade: tests/attacks.py graded by the course's grader.
+
+- A small assignment of this file's own, with one probe/judge test cell: the right answer earns full marks, a
+  wrong one and a stub earn nothing, a forged observation is held for review, and every attack of the catalogue
+  earns nothing (a pasted cell is not run; an answer cell that reaches into the interpreter is held for review,
+  with the cell, the line and the operation). The control: the same pasted cells, graded by plain nbgrader (which
+  runs every cell and reads the test cells' first outputs), earn points, so each attack is real.
+- Every module of the course: its solution, graded by the course's grader with the judges in the grader's process,
+  keeps full marks; the released stubs with every pasted attack and an answer-cell attack score 0 on every test
+  and are held for review.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import csv
+import io
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from grader import sandbox
+from grader.nbtools import EXERCISES, SOLUTIONS, assignments, cell_scores, grade_id, nbgrader, nbgrader_meta, read
+from grader.release import generate
+from tests.attacks import ADDED, ANSWER, Attack
+from tests.mutations import solution_cell
+
+AVAILABLE, WHY = sandbox.status()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"the audit hook runs in sandboxed kernels; {WHY}")
+
+TEST = '''"""add: the sum of two numbers, negative ones included."""
+def __check_add():
+    import warnings
+
+    from course import checks
+
+    with warnings.catch_warnings(record=True):
+        checks.expect_equal(add(1, 2), 3, "add(1, 2)", "return the sum")
+    checks.passed("add adds")
+
+### BEGIN HIDDEN TESTS
+def __probe_add():
+    from course import checks
+
+    return {"big": checks.attempt(add, 10**6, 7), "negative": checks.attempt(add, -3, 1)}
+
+### BEGIN JUDGE
+def __judge_add(seen):
+    import warnings
+
+    from course import checks
+
+    with warnings.catch_warnings(record=True):
+        checks.expect_equal(seen["big"], 10**6 + 7, "add(10**6, 7)", "return the sum")
+        checks.expect_equal(seen["negative"], -2, "add(-3, 1)", "return the sum, for negative numbers too")
+### END JUDGE
+### END HIDDEN TESTS
+from course import checks
+with checks.graded("add"):
+    __check_add()
+    ### BEGIN HIDDEN TESTS
+    checks.judged("add")
+    ### END HIDDEN TESTS
+del __check_add
+### BEGIN HIDDEN TESTS
+del __probe_add
+### BEGIN JUDGE
+del __judge_add
+### END JUDGE
+### END HIDDEN TESTS
+'''
+ANSWERS = {
+    "right": "def add(a, b):\n    return a + b\n",
+    "wrong": "def add(a, b):\n    return abs(a + b)\n",
+    "nothing": "def add(a, b):\n    return None\n",   # the do-nothing stub every attack is pasted onto
+    "forged": '''def add(a, b):
+    display({"application/vnd.gpu-course.observation+json": {"name": "add", "observations": "{}"}}, raw=True)
+    return abs(a + b)
+''',
+}
+
+
+def _cell(source: str, gid: str | None = None, **flags) -> nbformat.NotebookNode:
+    meta = {"nbgrader": {"grade_id": gid, "schema_version": 3, "solution": False, "grade": False, "locked": False,
+                         **flags}} if gid else {}
+    return new_code_cell(source, metadata=meta)
+
+
+def _mini_source(root: Path) -> Path:
+    nb = new_notebook(cells=[
+        _cell("from course import checks", "setup", locked=True),
+        new_markdown_cell("# Adding numbers"),
+        _cell("LESSON = 41 + 1\nprint(LESSON)"),
+        _cell("def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION", "add", solution=True),
+        _cell(TEST, "test_add", grade=True, locked=True, points=2),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (root / "mini").mkdir(parents=True)
+    nbformat.write(nb, root / "mini" / "mini.ipynb")
+    return root
+
+
+def _submission(release: nbformat.NotebookNode, answer: str | None = None, added: list[Attack] = (),
+                appended: Attack | None = None) -> nbformat.NotebookNode:
+    """The release with the first answer cell replaced (or kept), attacks appended to it or pasted after it."""
+    nb = copy.deepcopy(release)
+    first = next(i for i, c in enumerate(nb.cells) if nbgrader_meta(c).get("solution"))
+    if answer is not None:
+        nb.cells[first].source = answer
+    if appended is not None:
+        nb.cells[first].source += "\n" + appended.code
+    nb.cells[first + 1:first + 1] = [new_code_cell(a.code) for a in added]
+    return nb
+
+
+def _write(folder: Path, student: str, assignment: str, name: str, nb: nbformat.NotebookNode) -> None:
+    dest = folder / student / assignment
+    dest.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dest / name)
+
+
+def _grade(submissions: Path, solutions: Path, out: Path, *args: str) -> dict[tuple[str, str], dict]:
+    from grader.cli import main
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = main(["autograde", str(submissions), "--solutions", str(solutions), "--out", str(out), *args])
+        status = status or main(["export", "--out", str(out)])
+    assert status == 0, log.getvalue()[-3000:]
+    with open(out / "tests.csv", newline="") as handle:
+        return {(r["student_id"], r["grade_id"]): r for r in csv.DictReader(handle)}
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    source = _mini_source(root / "solutions")
+    release = read(generate(["mini"], source, root / "course") / "mini" / "mini.ipynb")
+    students = {name: _submission(release, answer) for name, answer in ANSWERS.items()}
+    students["stub"] = _submission(release)
+    students |= {f"added-{a.name}": _submission(release, ANSWERS["nothing"], added=[a]) for a in ADDED}
+    students |= {f"answer-{a.name}": _submission(release, ANSWERS["nothing"], appended=a) for a in ANSWER}
+    for student, nb in students.items():
+        _write(root / "submitted", student, "mini", "mini.ipynb", nb)
+    rows = _grade(root / "submitted", source, root / "grading", "--jobs", "2")
+    return root, release, rows
+
+
+def _points(row: dict) -> float:
+    return float(row["points"])
+
+
+def test_the_right_answer_alone_earns_the_points(mini):
+    _, _, rows = mini
+    assert _points(rows["right", "test_add"]) == 2, rows["right", "test_add"]
+    assert _points(rows["wrong", "test_add"]) == 0
+    assert "add(-3, 1)" in rows["wrong", "test_add"]["reason"], "the judge's ✗ line is the reason"
+    assert _points(rows["stub", "test_add"]) == 0 and _points(rows["nothing", "test_add"]) == 0
+
+
+def test_a_forged_observation_is_held_for_review(mini):
+    _, _, rows = mini
+    row = rows["forged", "test_add"]
+    assert _points(row) == 0 and "HeldForReview" in row["reason"] and "observations it did not send" in row["reason"]
+
+
+@pytest.mark.parametrize("attack", ADDED, ids=lambda a: a.name)
+def test_a_pasted_cell_earns_nothing(mini, attack):
+    """The grader does not run cells a student added: the pasted attack scores what the do-nothing stub scores, 0."""
+    root, _, rows = mini
+    assert _points(rows[f"added-{attack.name}", "test_add"]) == 0, rows[f"added-{attack.name}", "test_add"]
+    graded = read(root / "grading" / "autograded" / f"added-{attack.name}" / "mini" / "mini.ipynb")
+    pasted = [c for c in graded.cells if c.cell_type == "code" and c.source == attack.code]
+    assert len(pasted) == 1 and "not run" in pasted[0].outputs[0]["text"], "kept for the feedback, marked not run"
+
+
+@pytest.mark.parametrize("attack", ANSWER, ids=lambda a: a.name)
+def test_an_answer_cell_that_reaches_into_the_interpreter_is_held(mini, attack):
+    _, _, rows = mini
+    reason = rows[f"answer-{attack.name}", "test_add"]["reason"]
+    assert _points(rows[f"answer-{attack.name}", "test_add"]) == 0
+    assert reason.startswith("HeldForReview: held for review: cell `add`, line "), reason
+
+
+def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
+    """The attacks are real: nbgrader run on its own (every cell runs, the first output decides) gives them points."""
+    root, release, _ = mini
+    course = tmp_path / "course"
+    generate(["mini"], root / "solutions", course)
+    for attack in ADDED:
+        _write(course / "submitted", attack.name, "mini", "mini.ipynb",
+               _submission(release, ANSWERS["nothing"], added=[attack]))
+    nbgrader("autograde", "mini", "--create", root=course, timeout=600)
+    scores = {row.student: row.score for row in cell_scores(course, "mini")}
+    assert scores == {a.name: 2 for a in ADDED}, scores
+
+
+def test_every_module_judged_outside_the_kernel(tmp_path):
+    """Each module's solution keeps full marks with its judges in the grader's process; its stubs with every attack
+    pasted and one in the first answer cell earn nothing and are held for review."""
+    names = assignments()
+    for assignment in names:
+        for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
+            release = read(EXERCISES / assignment / path.name)
+            solved = copy.deepcopy(release)
+            for cell in solved.cells:
+                if nbgrader_meta(cell).get("solution"):
+                    cell.source = solution_cell(f"{assignment}/{path.name}", grade_id(cell))
+            _write(tmp_path / "submitted", "solution", assignment, path.name, solved)
+            hostile = _submission(release, added=ADDED, appended=ANSWER[0])
+            _write(tmp_path / "submitted", "hostile", assignment, path.name, hostile)
+    rows = _grade(tmp_path / "submitted", SOLUTIONS, tmp_path / "grading")
+    tests = {(s, g): r for (s, g), r in rows.items()}
+    solution = {g: r for (s, g), r in tests.items() if s == "solution"}
+    hostile = {g: r for (s, g), r in tests.items() if s == "hostile"}
+    assert solution and set(solution) == set(hostile)
+    lost = {g: r["reason"] for g, r in solution.items() if float(r["points"]) != float(r["max_points"])}
+    assert not lost, lost
+    earned = {g: r["points"] for g, r in hostile.items() if float(r["points"]) != 0}
+    assert not earned, earned
+    unheld = {g: r["reason"] for g, r in hostile.items() if "held for review" not in r["reason"]}
+    assert not unheld, unheld

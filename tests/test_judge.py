@@ -1,0 +1,181 @@
+"""Trusted judgement: observations as data (course/observe.py), judges outside the kernel (grader/judge.py), the
+notebook the grader runs (grader/trusted.py) and the static look at answers (grader/scan.py).
+
+End to end, through the real grader and sandbox, these are in tests/test_attacks.py.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from course import checks, observe
+from grader import judge, scan, trusted
+from grader.nbtools import EXERCISES, SOLUTIONS, assignments, grade_id, read
+from tests.harness import load_catalogue
+from tests.mutations import solution_cell
+
+ROUND_TRIP = [
+    (1, 2), [1, (2, 3)], {1: "a", (2, 3): [4]}, {"a": {1, 2}}, frozenset({3}), True, 0, 2**60, -1.5, float("inf"),
+    None, "text", torch.device("cpu"), torch.bfloat16, torch.Size([2, 3]), np.arange(4, dtype=np.int16),
+    np.float32(1.5),
+]
+
+
+@pytest.mark.parametrize("value", ROUND_TRIP, ids=repr)
+def test_observations_keep_value_and_exact_kind(value):
+    back = observe.loads(observe.dumps(value))
+    assert type(back) is type(value)
+    if isinstance(value, np.ndarray):
+        assert back.dtype == value.dtype and (back == value).all()
+    else:
+        assert back == value
+
+
+def test_tensors_exceptions_and_unknown_objects_come_back_as_descriptions():
+    t = torch.arange(6, dtype=torch.float16).reshape(2, 3).requires_grad_(False)
+    seen = observe.loads(observe.dumps({"t": t, "meta": torch.ones(2, device="meta"), "err": ValueError("bad x"),
+                                        "nan": float("nan"), "obj": object(), "sub": type("T", (tuple,), {})((1,))}))
+    assert isinstance(seen["t"], observe.Tensor) and seen["t"].dtype == torch.float16 and seen["t"].shape == (2, 3)
+    assert torch.equal(seen["t"].value, t) and seen["t"].device == "cpu" and seen["t"].exact
+    assert isinstance(seen["meta"], observe.Observed) and seen["meta"].device == "meta"
+    assert seen["err"] == observe.Raised("builtins.ValueError", "bad x") and seen["err"].name == "ValueError"
+    assert math.isnan(seen["nan"])
+    assert isinstance(seen["obj"], observe.Opaque) and isinstance(seen["sub"], observe.Opaque), "a subclass is no tuple"
+    with pytest.raises(ValueError):
+        observe.loads('{"x": NaN}')
+
+
+CELL = '''"""x: doubles."""
+### BEGIN HIDDEN TESTS
+def __probe_x():
+    return {"two": 2 * 2}
+
+### BEGIN JUDGE
+def __judge_x(seen):
+    from course import checks
+    checks.expect_equal(seen["two"], 4, "x(2)", "double it")
+### END JUDGE
+### END HIDDEN TESTS
+with checks.graded("x"):
+    checks.judged("x")
+### BEGIN HIDDEN TESTS
+del __probe_x
+### BEGIN JUDGE
+del __judge_x
+### END JUDGE
+### END HIDDEN TESTS
+'''
+
+
+def test_split_keeps_the_judge_out_of_the_kernel_source():
+    kernel, judges = judge.split(CELL)
+    assert "__judge_x" not in kernel and "BEGIN JUDGE" not in kernel and "checks.judged" in kernel
+    assert judges.names == ["x"] and "def __judge_x" in judges.source
+    for broken in ("### BEGIN JUDGE\nx = 1\n", "### END JUDGE\n", "### BEGIN JUDGE\n### BEGIN JUDGE\n"):
+        with pytest.raises(ValueError):
+            judge.split(broken)
+
+
+def test_judged_runs_probe_and_judge_inline_outside_the_grader():
+    namespace = {"checks": checks}
+    exec(compile(CELL, "<cell>", "exec"), namespace)  # noqa: S102 - the cell of this test
+    namespace["__probe_x"] = lambda: {"two": 5}
+    namespace["__judge_x"] = lambda seen: checks.expect_equal(seen["two"], 4, "x(2)", "double it")
+    with pytest.raises(AssertionError, match="x\\(2\\)"):
+        exec("checks.judged('x')", namespace)  # noqa: S102
+
+
+def _display(name: str, value) -> dict:
+    return new_output("display_data", data={observe.MIME: {"name": name, "observations": observe.dumps(value)}})
+
+
+def test_decide_replaces_the_kernels_verdict_with_the_judges():
+    _, judges = judge.split(CELL)
+    stdout = new_output("stream", name="stdout", text="✓ fine\n")
+    forged_result = new_output("execute_result", data={"text/plain": "'full marks'"}, execution_count=1)
+    stderr = new_output("stream", name="stderr", text="UserWarning: slow\n")
+    outputs, why = judge.decide([forged_result, stdout, stderr, _display("x", {"two": 4})], judges, "test_x")
+    assert why is None and [o["output_type"] for o in outputs] == ["stream", "stream"]
+    assert all(o.get("name") == "stdout" for o in outputs), "stderr becomes a note: a warning never zeroes a cell"
+    outputs, why = judge.decide([forged_result, _display("x", {"two": 3})], judges, "test_x")
+    assert outputs[-1]["ename"] == "AssertionError" and why.startswith("✗ x(2)")
+    outputs, why = judge.decide([stdout], judges, "test_x")
+    assert outputs[-1]["ename"] == judge.UNJUDGED
+    outputs, why = judge.decide([_display("x", {"two": 4}), _display("x", {"two": 4})], judges, "test_x")
+    assert outputs[-1]["ename"] == judge.HELD
+    outputs, why = judge.decide([_display("x", {}), _display("y", {})], judges, "test_x")
+    assert outputs[-1]["ename"] == judge.HELD
+    failed = new_output("error", ename="AssertionError", evalue="✗ visible check failed", traceback=[])
+    outputs, why = judge.decide([failed, _display("x", {"two": 4})], judges, "test_x")
+    assert why == "✗ visible check failed", "a failure in the kernel stays a failure"
+    outputs, why = judge.decide([_display("x", {})], judges, "test_x")
+    assert outputs[-1]["ename"] == "AssertionError" and "could not read" in why, "a missing key is a clear fail"
+
+
+def _code(source: str, gid: str | None = None, **flags) -> nbformat.NotebookNode:
+    meta = {"nbgrader": {"grade_id": gid, "solution": False, "grade": False, "locked": False, **flags}} if gid else {}
+    return new_code_cell(source, metadata=meta)
+
+
+def test_rebuild_runs_the_lessons_cells_and_the_answers_only():
+    source = new_notebook(cells=[_code("import torch", "setup", locked=True), new_markdown_cell("# Lesson"),
+                                 _code("LESSON = 1"), _code("def f():\n    ### BEGIN SOLUTION\n    return 1", "f",
+                                                            solution=True),
+                                 _code("assert f() == 1", "test_f", grade=True, locked=True, points=1)])
+    submitted = new_notebook(cells=[
+        _code("import torch", "setup", locked=True), _code("import os  # pasted first"), new_markdown_cell("# Lesson"),
+        _code("LESSON = 2  # changed"), _code("def f():\n    return 1", "f", solution=True),
+        _code("get_ipython()  # pasted"), _code("assert f() == 1", "test_f", grade=True, locked=True, points=1)])
+    plan = trusted.rebuild(submitted, source)
+    cells = plan.notebook.cells
+    ran = [c.source for i, c in enumerate(cells) if c.cell_type == "code" and i not in plan.not_run]
+    assert ran == ["import torch", "LESSON = 1", "def f():\n    return 1", "assert f() == 1"]
+    kept = [cells[i].source for i in sorted(plan.not_run)]
+    assert kept == ["import os  # pasted first", "LESSON = 2  # changed", "get_ipython()  # pasted"]
+    assert plan.added == 3 and all("not run" in cells[i].outputs[0]["text"] for i in plan.not_run)
+    assert len({c["id"] for c in cells}) == len(cells)
+    deleted = new_notebook(cells=[c for c in submitted.cells if grade_id(c) != "f"])
+    assert "### BEGIN SOLUTION" not in "".join(c.source for c in trusted.rebuild(deleted, source).notebook.cells), \
+        "a deleted answer is never replaced by the instructor's"
+
+
+def test_every_solution_and_correct_variant_scans_clean_and_attacks_do_not():
+    """No false alarm on any answer the project knows to be honest; the catalogue's answer-cell attacks that a
+    static look can see are found with their line."""
+    for assignment in assignments():
+        for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
+            nb = read(path)
+            assert scan.scan(nb) == [], path
+            known = scan.setup_names(nb)
+            for variant in load_catalogue(SOLUTIONS.parent / "tests" / "mutations" / f"{path.stem}.py"):
+                assert scan.scan_source(variant.source, variant.function, known) == [], variant.name
+    from tests.attacks import ANSWER, Attack
+
+    visible = next(a for a in ANSWER if a.name == "visible-transformer")
+    found = scan.scan_source("def f():\n    pass\n" + visible.code, "f")
+    assert found and {f.line for f in found} == {4} and any("get_ipython" in str(f) for f in found)
+    sneaky = [Attack("x", "answer", s, "") for s in (
+        "import gc\n", "f = lambda: 0\nf.__code__ = None\n", "import torch\ntorch.Tensor.to = lambda *a: a\n",
+        "from course import checks\nchecks.check = print\n", "open('/proc/self/mem')\n",
+        "x = __builtins__\n", "import sys\nsys.modules['x'] = 1\n", "setattr(torch, 'allclose', all)\n")]
+    for attack in sneaky:
+        assert scan.scan_source(attack.code, "f", {"torch"}), attack.code
+    assert scan.scan_source("import torch\ntorch.backends.cudnn.benchmark = True\n", "f") == [], "a taught switch"
+
+
+def test_every_released_test_cell_splits_and_only_hidden_parts_hold_judges():
+    for assignment in assignments():
+        for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
+            for cell in read(path).cells:
+                kernel, judges = judge.split(cell.source)
+                if judges.names:
+                    assert set(re.findall(r'checks\.judged\("(\w+)"\)', kernel)) == set(judges.names), grade_id(cell)
+            released = read(EXERCISES / assignment / path.name)
+            assert not any(judge.BEGIN in c.source for c in released.cells), "judges are hidden tests"
+    assert solution_cell("01-device/device.ipynb", "pick_device")
