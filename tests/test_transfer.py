@@ -15,6 +15,7 @@ from course import transfer
 from course.simgpu import gpu_work, simulated_cuda
 from grader.nbtools import SOLUTIONS
 from tests.harness import load_catalogue, run_function_tests
+from tests.test_device import judges_apart
 
 ASSIGNMENT = "02-transfer"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "transfer.ipynb"
@@ -149,9 +150,20 @@ def test_the_warning_variant_really_warns():
         pytest.skip("this torch does not warn about pin_memory_device: nothing to prove")
 
 
+@pytest.mark.parametrize("function", GRADED)
+def test_the_judges_alone_pass_the_solution_and_catch_every_mistake(function):
+    """Issue #21: the visible check runs in the learner's kernel and can be tampered with, so the judges, run apart on
+    the probes' observations, must catch every wrong variant alone (issue #22's reused output buffer included)."""
+    assert judges_apart(NOTEBOOK, function) == []
+    variants = [v for v in load_catalogue(CATALOGUE) if v.function == function]
+    verdicts = {v.name: bool(judges_apart(NOTEBOOK, function, v.source)) for v in variants}
+    assert verdicts == {v.name: v.wrong for v in variants}
+
+
 @pytest.mark.gpu
 def test_hidden_tests_pass_on_a_real_gpu():
-    """On a GPU machine gpu_session() yields the real device: the solution must pass every test cell there too."""
+    """On a GPU machine the visible checks' gpu_session() yields the real device, and the probes simulate a T4 in
+    its place (replace_real=True): the solution must pass every test cell there too."""
     for name in GRADED:
         results = run_function_tests(NOTEBOOK, name)
         assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
@@ -159,7 +171,7 @@ def test_hidden_tests_pass_on_a_real_gpu():
 
 @pytest.mark.gpu
 def test_copies_back_read_too_early_are_caught_on_a_real_gpu():
-    """A real copy engine can beat Python to a small buffer; the hidden tests must still catch every such mistake."""
+    """A real copy engine can beat Python to a small buffer; the test cells must still catch every such mistake."""
     for v in load_catalogue(CATALOGUE):
         if v.wrong and v.function in ("copy_to_host", "to_device"):
             results = run_function_tests(NOTEBOOK, v.function, v.source)

@@ -97,6 +97,28 @@ VARIANTS = [
         return torch.device(found.type)''')),
             "correct, and warns when it falls back to the CPU: a warning must not cost points (nbgrader zeroes a "
             "test cell that writes to stderr)"),
+    Variant("pick_device", "index_at_most_count", True,
+            _pick(("device.index is None or device.index < count", "device.index is None or device.index <= count")),
+            "off by one on the accepting side: takes cuda:1 on a one-GPU machine"),
+    Variant("pick_device", "index_below_count_minus_one", True,
+            _pick(("device.index is None or device.index < count", "device.index is None or device.index < count - 1")),
+            "off by one on the refusing side: refuses cuda:0, the only GPU"),
+    Variant("pick_device", "meta_refused", True,
+            _pick(("}.get(device.type, True)", '}.get(device.type, device.type == "cpu")')),
+            "only the CPU, CUDA and MPS are accepted: refuses 'meta', which is always usable"),
+    Variant("pick_device", "message_names_only_the_request", True,
+            _pick((_RAISE, '        raise RuntimeError(f"pick_device: {device} is not available")')),
+            "names the requested device but not the available ones"),
+    Variant("pick_device", "message_forgets_mps", True,
+            _pick(('available = [f"cuda:{i}" for i in range(count)] + (["mps"] if mps else []) + ["cpu"]',
+                   'available = [f"cuda:{i}" for i in range(count)] + ["cpu"]')),
+            "lists the GPUs and the CPU as available, not MPS on a Mac"),
+    Variant("pick_device", "default_with_index", False, _pick((_DEFAULT,
+            '        return torch.device(found.type, 0) if found is not None else torch.device("cpu")')),
+            "the best device with its index, e.g. cuda:0: the same device"),
+    Variant("pick_device", "message_as_list", False, _pick((_RAISE,
+            '        raise RuntimeError(f"{device} was requested; available devices: {available}")')),
+            "another wording, with the available devices as a list"),
 
     # ---------------------------------------------------------------- describe_device
     Variant("describe_device", "is_bf16_supported", True,
@@ -123,6 +145,23 @@ VARIANTS = [
          '"bf16_native": torch.cuda.is_bf16_supported(including_emulation=False),'),
         ('"name": torch.cuda.get_device_name(device),', '"name": torch.cuda.get_device_properties(device).name,')),
             "asks torch without emulation, and reads the name from the device properties"),
+    Variant("describe_device", "gib_floored", True, _describe(("total_memory / 2**30", "total_memory // 2**30 * 1.0")),
+            "whole GiB only: 14.56 GiB reported as 14.0"),
+    Variant("describe_device", "capability_floats", True, _describe(
+        ("capability = tuple(torch.cuda.get_device_capability(device))",
+         "capability = tuple(float(v) for v in torch.cuda.get_device_capability(device))")),
+            "capability as floats (7.0, 5.0), not the two ints the docstring promises"),
+    Variant("describe_device", "type_as_name", True,
+            _describe(('"name": torch.cuda.get_device_name(device),', '"name": "cuda",')),
+            "the device type as the GPU's name"),
+    Variant("describe_device", "memory_off_cuda", True,
+            _describe(('"total_memory_gib": None,', '"total_memory_gib": 0.0,')),
+            "0.0 GiB instead of None for a device that is not CUDA"),
+    Variant("describe_device", "major_only_and_mem_get_info", False, _describe(
+        ('"bf16_native": capability >= (8, 0),', '"bf16_native": capability[0] >= 8,'),
+        ("torch.cuda.get_device_properties(device).total_memory / 2**30",
+         "torch.cuda.mem_get_info(device)[1] / 2**30")),
+            "the major version alone decides bf16, and the total memory from mem_get_info"),
 
     # ---------------------------------------------------------------- DeviceSafeNet
     Variant("DeviceSafeNet", "unchanged", True, _net((_H0, "torch.zeros(1, x.shape[0], self.rnn.hidden_size)"),
@@ -151,6 +190,18 @@ VARIANTS = [
     Variant("DeviceSafeNet", "cpu_tensor_moved", False, _net(
         (_STEPS, "(torch.arange(1, x.shape[1] + 1) / x.shape[1]).to(x.device)")),
             "a CPU tensor moved with .to(x.device): a copy, but correct"),
+    Variant("DeviceSafeNet", "detached", True, _net(
+        ("return self.head((outputs * steps[None, :, None]).sum(dim=1) / steps.sum())",
+         "return self.head((outputs * steps[None, :, None]).sum(dim=1) / steps.sum()).detach()")),
+            "right values on every device, but no gradient reaches the input or the layers"),
+    Variant("DeviceSafeNet", "weights_reversed", True,
+            _net((_STEPS, "torch.arange(x.shape[1], 0, -1, device=x.device) / x.shape[1]")),
+            "device-safe, but earlier steps count more: not BrokenNet's arithmetic"),
+    Variant("DeviceSafeNet", "zeros_with_device_and_normalised_weights", False, _net(
+        (_H0, "torch.zeros(1, x.shape[0], self.rnn.hidden_size, device=x.device, dtype=x.dtype)"),
+        ("return self.head((outputs * steps[None, :, None]).sum(dim=1) / steps.sum())",
+         "return self.head((outputs * (steps / steps.sum())[None, :, None]).sum(dim=1))")),
+            "torch.zeros with device= and dtype=, and the weights normalised before the sum"),
 
     # ---------------------------------------------------------------- smoke_test
     Variant("smoke_test", "batch_not_assigned", True,
@@ -180,4 +231,26 @@ VARIANTS = [
     Variant("smoke_test", "torch_size", False,
             _smoke(('"output_shape": tuple(out.shape),', '"output_shape": out.shape,')),
             "torch.Size is a tuple (a subclass): a correct output_shape"),
+    Variant("smoke_test", "grad_off_for_good", True,
+            _smoke(("    with torch.no_grad():\n        out = model(batch)",
+                    "    torch.set_grad_enabled(False)\n    out = model(batch)")),
+            "switches autograd off for the whole process, not just the forward pass: training afterwards gets no "
+            "gradients"),
+    Variant("smoke_test", "model_not_moved", True, _smoke(("    model.to(device)\n", "")),
+            "moves the batch but not the model"),
+    Variant("smoke_test", "device_type_only", True,
+            _smoke(('"param_device": str(next(model.parameters()).device),',
+                    '"param_device": next(model.parameters()).device.type,')),
+            "reports 'cuda' without the index the docstring's example shows ('cuda:0')"),
+    Variant("smoke_test", "runs_twice", True,
+            _smoke(('"finite": bool(torch.isfinite(out).all()),',
+                    '"finite": bool(torch.isfinite(model(batch)).all()),')),
+            "a second forward pass, outside no_grad"),
+    Variant("smoke_test", "grad_mode_restored_by_hand", False, _smoke(
+        ("    with torch.no_grad():\n        out = model(batch)",
+         "    before = torch.is_grad_enabled()\n    torch.set_grad_enabled(False)\n    out = model(batch)\n"
+         "    torch.set_grad_enabled(before)"),
+        ('"finite": bool(torch.isfinite(out).all()),',
+         '"finite": not bool(torch.isnan(out).any() or torch.isinf(out).any()),')),
+            "set_grad_enabled(False) and back, and NaN and infinity tested apart"),
 ]

@@ -74,6 +74,20 @@ VARIANTS = [
             "names the device to pin for, as older torch documented it; recent torch (2.14 here) warns that the "
             "argument is deprecated when the loader is iterated. A warning must not cost points (nbgrader zeroes a "
             "test cell that writes to stderr)"),
+    Variant("make_loader", "no_upper_bound", True,
+            _loader(("min(4, (os.cpu_count() or 1) - 1)", "(os.cpu_count() or 1) - 1")),
+            "a worker for every core but one, however many cores: 63 workers on a 64-core machine"),
+    Variant("make_loader", "always_persistent", True,
+            _loader(("persistent_workers=num_workers > 0", "persistent_workers=True")),
+            "persistent workers without workers (DataLoader refuses them)"),
+    Variant("make_loader", "pin_for_any_accelerator", True,
+            _loader((_PIN, 'pin_memory=device.type in ("cuda", "mps")')),
+            "pins for MPS too: the docstring says exactly when the device is CUDA"),
+    Variant("make_loader", "string_prefix_and_multiprocessing", False, _loader(
+        ("    device = torch.device(device)\n", ""),
+        (_PIN, 'pin_memory=str(device).startswith("cuda")'),
+        ("(os.cpu_count() or 1)", "__import__('multiprocessing').cpu_count()")),
+            "the device's name read as a string, and multiprocessing.cpu_count() (which asks os.cpu_count())"),
 
     # ---------------------------------------------------------------- to_device
     Variant("to_device", "top_level_only", True, _to(
@@ -108,6 +122,23 @@ def to_device(batch, device):
                                                    ("if isinstance(batch, (list, tuple)):",
                                                     "if type(batch) in (list, tuple):")),
             "torch.is_tensor, and exact list/tuple types"),
+    Variant("to_device", "lists_only", True,
+            _to(("if isinstance(batch, (list, tuple)):", "if isinstance(batch, list):")),
+            "walks lists but returns tuples as they are, with their tensors left behind"),
+    Variant("to_device", "drops_none", True,
+            _to((_SEQ, "return type(batch)(to_device(value, device) for value in batch if value is not None)")),
+            "leaves the Nones out of lists and tuples"),
+    Variant("to_device", "list_moved_in_place", True, _to((_SEQ, """if isinstance(batch, list):
+            batch[:] = [to_device(value, device) for value in batch]
+            return batch
+        return tuple(to_device(value, device) for value in batch)""")),
+            "moves a list's items in place: the caller's batch changes"),
+    Variant("to_device", "explicit_branches_sorted_keys", False, _to(
+        (_DICT, "return {key: to_device(batch[key], device) for key in sorted(batch)}"),
+        ("    if isinstance(batch, (list, tuple)):\n        " + _SEQ,
+         "    if isinstance(batch, list):\n        return [to_device(value, device) for value in batch]\n"
+         "    if isinstance(batch, tuple):\n        return tuple(to_device(value, device) for value in batch)")),
+            "a branch for each container, and the dict rebuilt in sorted key order (the same keys)"),
 
     # ---------------------------------------------------------------- copy_to_host
     Variant("copy_to_host", "no_sync", True, _host((_SYNC, "")),
@@ -133,4 +164,24 @@ def to_device(batch, device):
 ''')), "non_blocking, then an event recorded after the copy and waited for"),
     Variant("copy_to_host", "preallocated_copy_", False, _host((_COPY, _PREALLOCATED)),
             "a non_blocking copy_ into a preallocated host tensor, then the synchronisation"),
+    Variant("copy_to_host", "one_buffer_per_shape", True, _host(
+        ("def copy_to_host(", "_BUFFERS = {}\n\n\ndef copy_to_host("),
+        (_COPY, """        key = (tuple(tensor.shape), tensor.dtype)
+        if key not in _BUFFERS:
+            _BUFFERS[key] = torch.empty(tensor.shape, dtype=tensor.dtype).pin_memory()
+        host = _BUFFERS[key]
+        host.copy_(tensor.detach(), non_blocking=True)
+""")), "issue #22: one pinned host buffer per shape, reused, so the next call overwrites the result it returned"),
+    Variant("copy_to_host", "one_cpu_buffer_per_shape", True, _host(
+        ("def copy_to_host(", "_BUFFERS = {}\n\n\ndef copy_to_host("),
+        (_CPU, """    key = (tuple(tensor.shape), tensor.dtype)
+    host = _BUFFERS.setdefault(key, torch.empty(tensor.shape, dtype=tensor.dtype))
+    return host.copy_(tensor.detach())""")),
+            "issue #22 on the CPU: a copy into one reused buffer per shape, overwritten by the next call"),
+    Variant("copy_to_host", "new_pinned_buffer_and_stream_sync", False, _host((_COPY + _SYNC, """\
+        host = torch.empty(tensor.shape, dtype=tensor.dtype).pin_memory()
+        host.copy_(tensor.detach(), non_blocking=True)
+        torch.cuda.current_stream(tensor.device).synchronize()
+"""), (_CPU, "    return tensor.detach().clone()")),
+            "a new pinned buffer for every call, the current stream waited for, a CPU tensor cloned"),
 ]
