@@ -211,7 +211,7 @@ def test_every_module_judged_outside_the_kernel(tmp_path):
             _write(tmp_path / "submitted", "solution", assignment, path.name, solved)
             hostile = _submission(release, added=ADDED, appended=ANSWER[0])
             _write(tmp_path / "submitted", "hostile", assignment, path.name, hostile)
-    rows = _grade(tmp_path / "submitted", SOLUTIONS, tmp_path / "grading")
+    rows = _grade(tmp_path / "submitted", SOLUTIONS, tmp_path / "grading", "--no-compile-cache")
     tests = {(s, g): r for (s, g), r in rows.items()}
     solution = {g: r for (s, g), r in tests.items() if s == "solution"}
     hostile = {g: r for (s, g), r in tests.items() if s == "hostile"}
