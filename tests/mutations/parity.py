@@ -49,6 +49,25 @@ VARIANTS = [
     Variant("set_seed", "returns_the_seed", True, _seed(
         ("    torch.manual_seed(seed)\n", "    torch.manual_seed(seed)\n    return seed\n")),
             "returns the seed (and so never seeds the CUDA devices): set_seed returns nothing"),
+    Variant("set_seed", "turns_on_determinism", True, _seed(
+        ("    torch.manual_seed(seed)\n",
+         "    torch.manual_seed(seed)\n    torch.use_deterministic_algorithms(True)\n")),
+        "switches on deterministic algorithms, a global flag the lesson says set_seed leaves alone"),
+    Variant("set_seed", "resets_determinism", True, _seed(
+        ("    torch.manual_seed(seed)\n",
+         "    torch.manual_seed(seed)\n    torch.use_deterministic_algorithms(False)\n")),
+        "switches deterministic algorithms off, whatever the caller had chosen"),
+    Variant("set_seed", "cudnn_flags", True, _seed(
+        ("    torch.manual_seed(seed)\n", "    torch.manual_seed(seed)\n    torch.backends.cudnn.deterministic = True\n"
+         "    torch.backends.cudnn.benchmark = False\n")),
+        "sets cuDNN's flags, global settings the lesson says set_seed leaves alone"),
+    Variant("set_seed", "other_order_cuda_first", False, """
+def set_seed(seed: int) -> None:
+    torch.cuda.manual_seed_all(seed)
+    torch.random.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+""", "the same seeding in another order, through torch.random"),
     Variant("set_seed", "manual_seed_covers_cuda", False, _seed(
         ("np.random.seed(seed)", "np.random.seed(seed % 2**32)"),
         ("    torch.cuda.manual_seed_all(seed)", "    pass")),
@@ -96,6 +115,16 @@ VARIANTS = [
     Variant("train_and_evaluate", "model_left_on_cpu", True, _train(
         ("model = parity_model(data).to(device)", "model = parity_model(data)")),
         "the model is never moved to the device: on a GPU the first step fails or trains on the CPU"),
+    Variant("train_and_evaluate", "eval_mode_forgotten", True, _train(("    model.eval()\n", "")),
+        "evaluates in training mode (dropout and batch norm as in training)"),
+    Variant("train_and_evaluate", "eval_with_gradients", True, _train(
+        (_EVAL_AUTOCAST, "with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):")),
+        "evaluates with autograd on: the lesson asks for no gradients"),
+    Variant("train_and_evaluate", "model_forward_inference_mode", False, _train(
+        (_EVAL_AUTOCAST, "with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, "
+                         "enabled=dtype != torch.float32):"),
+        ("predictions = model(inputs.to(device))", "predictions = model.forward(inputs.to(device))")),
+        "inference_mode, and model.forward called directly"),
     Variant("train_and_evaluate", "sgd_and_fp32_eval", False, _train(
         ("optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)",
          "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)"),
@@ -160,6 +189,34 @@ def train_and_evaluate(precision: str, seed: int, train_step, epochs: int = 3, d
         ('    return {"delta": delta, "noise": noise, "ok": abs(delta) <= tolerance}',
          f'    return {{"delta": {_ALWAYS_EQUAL}, "noise": {_ALWAYS_EQUAL}, "ok": {_ALWAYS_EQUAL}}}')),
         "values whose == says True to anything: only a type check catches them"),
+    Variant("parity_verdict", "ignores_tolerance", True, _verdict(
+        ('"ok": abs(delta) <= tolerance', '"ok": abs(delta) <= 0.5')), "always uses 0.5, whatever tolerance says"),
+    Variant("parity_verdict", "one_sided_drop_only", True, _verdict(
+        ('"ok": abs(delta) <= tolerance', '"ok": delta >= -tolerance')),
+        "only a drop can break parity: a gain beyond the tolerance passes"),
+    Variant("parity_verdict", "strict_on_the_drop_side", True, _verdict(
+        ('"ok": abs(delta) <= tolerance', '"ok": -tolerance < delta <= tolerance')),
+        "a drop of exactly the tolerance fails, a gain of exactly the tolerance passes"),
+    Variant("parity_verdict", "shared_result_dict", True, _verdict(
+        ("def parity_verdict(", "_VERDICT = {}\n\n\ndef parity_verdict("),
+        ('    return {"delta": delta, "noise": noise, "ok": abs(delta) <= tolerance}',
+         '    _VERDICT.update(delta=delta, noise=noise, ok=abs(delta) <= tolerance)\n    return _VERDICT')),
+        "returns one dict that every call overwrites: a verdict kept from an earlier call changes"),
+    Variant("parity_verdict", "plain_python", False, '''
+def parity_verdict(ref_accs, amp_accs, tolerance: float = 0.5) -> dict:
+    ref = list(ref_accs) if isinstance(ref_accs, (list, tuple)) else [ref_accs]
+    amp = list(amp_accs) if isinstance(amp_accs, (list, tuple)) else [amp_accs]
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    def stdev(xs):
+        m = mean(xs)
+        return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+
+    delta = float(mean(amp) - mean(ref))
+    return {"ok": abs(delta) <= tolerance, "delta": delta, "noise": float(max(stdev(ref), stdev(amp)))}
+''', "sum / len and a hand-written sample standard deviation"),
     Variant("parity_verdict", "numpy_version", False, '''
 def parity_verdict(ref_accs, amp_accs, tolerance: float = 0.5) -> dict:
     ref = np.atleast_1d(np.asarray(ref_accs, dtype=float))
@@ -191,6 +248,21 @@ def parity_verdict(ref_accs, amp_accs, tolerance: float = 0.5) -> dict:
          "            return torch.tensor(False)\n        if param.grad"),
         ("    return True", "    return torch.tensor(True)")),
         "returns a tensor, not a bool"),
+    Variant("all_finite", "fp16_range", True, _finite(
+        ("if not bool(torch.isfinite(param).all()):", "if not bool(torch.isfinite(param.half()).all()):")),
+        "checks whether the weights would fit into fp16, not whether they are finite"),
+    Variant("all_finite", "threshold", True, _finite(
+        ("if not bool(torch.isfinite(param).all()):", "if not bool((param.abs() < 1e30).all()):")),
+        "a magnitude threshold instead of isfinite: a large finite weight counts as broken"),
+    Variant("all_finite", "zeroes_bad_gradients", True, _finite(
+        ("not bool(torch.isfinite(param.grad).all()):\n            return False",
+         "not bool(torch.isfinite(param.grad).all()):\n            param.grad.zero_()\n            return False")),
+        "repairs what it finds: all_finite must only look"),
+    Variant("all_finite", "one_generator", False, '''
+def all_finite(model: nn.Module) -> bool:
+    tensors = (t for p in model.parameters() for t in (p, p.grad) if t is not None)
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+''', "one all() over parameters and existing gradients"),
     Variant("all_finite", "concatenated", False, '''
 def all_finite(model: nn.Module) -> bool:
     tensors = [p.detach() for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]

@@ -55,6 +55,14 @@ TIME_GPU = [
             torch.cuda.synchronize(device)
             times.append((time.perf_counter() - t0) * 1e3)''')),
             "honest figures, but the contract asks for the GPU's own clock (CUDA events) on CUDA"),
+    Variant("time_gpu", "at_least_one_warmup", True, _time(
+        ("    for _ in range(warmup):\n        fn()\n", "    for _ in range(max(1, warmup)):\n        fn()\n")),
+            "always makes one warm-up call: warmup=0 calls fn once too often"),
+    Variant("time_gpu", "drops_first_timed_call", True, _time(
+        (_MEDIAN, "    return float(statistics.median(times[1:]))")),
+            "leaves the first timed call out as an extra warm-up: iters=1 has nothing left"),
+    Variant("time_gpu", "torch_median", False, _time((_MEDIAN, "    return float(torch.tensor(times).median())")),
+            "torch's median (the lower of the two middle values for an even count)"),
     Variant("time_gpu", "events_read_after_one_sync", False, _time(
         (_END_SYNC + "            times.append(start.elapsed_time(end))\n", "            times.append((start, end))\n"),
         (_MEDIAN, '''    if device.type == "cuda":
@@ -111,6 +119,12 @@ MEASURE = [
     Variant("measure_throughput", "fresh_iterator_every_batch", True, _measure(
         ("                yield batch\n", "                yield batch\n                break\n")),
             "next(iter(loader)) restarts the loader: always the first batch"),
+    Variant("measure_throughput", "grad_mode_left_off", True, _measure(
+        ("    with torch.inference_mode():", "    torch.set_grad_enabled(False)\n    if True:")),
+            "switches gradients off for the whole program, not for the measurement"),
+    Variant("measure_throughput", "at_least_one_warmup", True, _measure(
+        ("        for _ in range(warmup):\n", "        for _ in range(max(1, warmup)):\n")),
+            "always runs one warm-up batch: warmup=0 runs one batch too many"),
     Variant("measure_throughput", "cuda_events", False, _measure(
         (_M_START, _M_START + '''        on_cuda = device.type == "cuda"
         if on_cuda:
@@ -124,6 +138,35 @@ MEASURE = [
         else:
             seconds = time.perf_counter() - start
 ''')), "CUDA events for the timed span on a GPU"),
+    Variant("measure_throughput", "restart_on_stop_iteration", False, '''
+def measure_throughput(model, loader, device, warmup=3, iters=20):
+    device = torch.device(device)
+    it = iter(loader)
+
+    def next_inputs():
+        nonlocal it
+        try:
+            batch = next(it)
+        except StopIteration:  # the loader ran out: start it again
+            it = iter(loader)
+            batch = next(it)
+        return batch[0].to(device, non_blocking=True)
+
+    model.eval()
+    with torch.no_grad():
+        for _ in range(warmup):
+            model(next_inputs())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0, n = time.perf_counter(), 0
+        for _ in range(iters):
+            x = next_inputs()
+            model(x)
+            n += len(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return n / (time.perf_counter() - t0)
+''', "an iterator started again on StopIteration, and len(x) for the batch size"),
     Variant("measure_throughput", "no_grad", False,
             _measure(("    with torch.inference_mode():", "    with torch.no_grad():")),
             "torch.no_grad() instead of inference_mode"),
@@ -176,6 +219,13 @@ TRAIN = [
             "assumes every batch is full"),
     Variant("train_throughput", "no_reiterate", True, _train(("        while True:\n", "        for _ in range(1):\n")),
             "one pass over the loader: a short loader runs out before warmup + iters steps"),
+    Variant("train_throughput", "zero_grad_before_step", True, _train(
+        ("        optimizer.step()\n" + _ZERO, _ZERO + "        optimizer.step()\n")),
+            "clears the gradients before the optimizer uses them: the step changes nothing"),
+    Variant("train_throughput", "zero_grad_between_forward_and_backward", False, _train(
+        ("        loss.backward()\n", "        optimizer.zero_grad(set_to_none=True)\n        loss.backward()\n"),
+        ("        optimizer.step()\n" + _ZERO, "        optimizer.step()\n")),
+            "clears the gradients after the forward pass, before backward"),
     Variant("train_throughput", "zero_grad_first", False, _train(
         ("        loss = loss_fn(", "        optimizer.zero_grad()\n        loss = loss_fn("), (_ZERO, "")),
             "zero_grad() (set_to_none=True by default) at the start of the step"),
