@@ -213,6 +213,9 @@ TRAIN = [
             "writes zeros into the gradients instead of freeing them"),
     Variant("train_throughput", "no_zero_grad", True, _train((_ZERO, "")),
             "forgets zero_grad: gradients accumulate over the steps"),
+    Variant("train_throughput", "ok_model_zero_grad", False, _train(
+        ("optimizer.zero_grad(set_to_none=True)", "model.zero_grad(set_to_none=True)")),
+            "frees the gradients through the model instead of the optimizer (the same parameters)"),
     Variant("train_throughput", "iters_times_batch_size", True, _train(
         ("    return samples / (time.perf_counter() - start)",
          "    return iters * len(next(iter(loader))[0]) / (time.perf_counter() - start)")),
