@@ -26,7 +26,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sheet(w: Writer) -> None:
     """The record sheet (a phase of its own: nvidia-smi may hang, and the phase has a time limit)."""
-    w(kind="sheet", sheet=env.record_sheet())
+    sheet = env.record_sheet()
+    w(kind="sheet", sheet=sheet)
+    if sheet["gpu"] is not None:  # what 01-device's results show, as torch reports it
+        method = "torch.cuda.get_device_properties(0), through course.env.record_sheet()"
+        for name, key, unit in (("memory visible to torch", "gpu_memory_gib", "GiB"),
+                                ("multiprocessors", "multiprocessors", "SMs")):
+            if sheet[key] is not None:
+                w(kind="figure", topic="01-device", name=name, value=sheet[key], unit=unit, method=method)
+        w(kind="figure", topic="01-device", name="compute capability", value=sheet["capability"], unit="",
+          method=method)
 
 
 def notebooks(w: Writer) -> None:

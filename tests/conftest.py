@@ -25,6 +25,7 @@ COSTLIEST = ["test_roundtrip.py", "test_browser.py", "test_grader.py", "test_mut
              "test_sandbox.py", "test_readme.py"]
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: plain pytest (make test-gpu) runs without the plugin
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker more than the cores, because many tests wait (on kernels, servers, subprocesses and
     timeouts) rather than compute; on 2 cores 3 workers kept the CPU busy to the end where 2 left ~15% of it idle."""

@@ -111,10 +111,12 @@ def test_missing_imports_follow_the_repository_and_ignore_optional_imports(tmp_p
     assert conftest.missing_imports(ROOT / "tests" / "test_timing.py") == []
 
 
-def test_gpu_tests_collect_without_jupyter(tmp_path):
-    """`pytest -m gpu --co` (make test-gpu) collects where the Jupyter stack is missing, naming what it left out."""
+def test_gpu_tests_collect_without_jupyter_or_xdist(tmp_path):
+    """`pytest -m gpu --co` (make test-gpu) collects where the Jupyter stack and pytest-xdist are missing (no plugin
+    is loaded), naming the test files it left out."""
+    env = {**hidden_env(tmp_path), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--co", "-q", "-p", "no:cacheprovider",
-                           "tests"], cwd=ROOT, env=hidden_env(tmp_path), capture_output=True, text=True, timeout=400)
+                           "tests"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "test_grader.py: needs nbformat" in done.stdout, done.stdout[-2000:]
     assert "test_timing.py::test_gpu_timing_measures_the_work_not_the_launch" in done.stdout
