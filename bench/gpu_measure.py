@@ -225,7 +225,7 @@ def compile_modes(w: Writer) -> None:
     with torch.no_grad():
         figure(w, "06-compile", "eager ms per call", _ms(lambda: model(x)), "ms", method)
         for mode in ("default", "reduce-overhead"):
-            torch._dynamo.reset()
+            torch.compiler.reset()
             compiled = torch.compile(model, mode=mode)
             for call in ("first", "second"):
                 torch.cuda.synchronize()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check
+from bench import gpu_check, gpu_measure
+from course import simgpu
 from grader import nbtools
 from tests import conftest
 
@@ -120,3 +121,19 @@ def test_gpu_tests_collect_without_jupyter_or_xdist(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "test_grader.py: needs nbformat" in done.stdout, done.stdout[-2000:]
     assert "test_timing.py::test_gpu_timing_measures_the_work_not_the_launch" in done.stdout
+
+
+def test_the_comparison_phases_run_on_the_simulated_gpu(monkeypatch):
+    """The code of the bf16, errors and memory phases runs to the end here, with the simulated T4 standing in for
+    the real GPU (so it cannot rot while no GPU is at hand): one line per case, each with both outcomes."""
+    spec = simgpu.PRESETS["T4"]
+    monkeypatch.setattr(gpu_measure, "real_spec", lambda: spec)
+    lines: list[dict] = []
+    with simgpu.simulated_cuda(spec, replace_real=True):
+        for phase in (gpu_measure.bf16, gpu_measure.errors, gpu_measure.memory):
+            phase(lambda **line: lines.append(line))
+    compares = [x for x in lines if x["kind"] == "compare"]
+    assert len(compares) >= 20 and all(x["real"] and x["simulated"] for x in compares), compares
+    refused = [x["case"] for x in compares if x["agree"] == "refused"]
+    assert refused == ["torch.accelerator.get_device_capability()"], refused
+    assert any(x["kind"] == "behaviour" and "deterministic" in x["case"] for x in lines)
