@@ -42,7 +42,7 @@ OPTIONAL = {"matplotlib": "plots in the lessons", "sklearn": "scikit-learn: 05-p
             "tqdm": "progress bars", "cloudpickle": "08-distributed sends local functions to ranks with it"}
 # name: (time limit in seconds, needs a CUDA GPU, what it records)
 PHASES: dict[str, tuple[float, bool, str]] = {
-X
+    "sheet": (60, False, "course.env's record sheet"),
     "bf16": (20, True, "is_bf16_supported with and without emulation, real and simulated"),
     "errors": (40, True, "real exception types and messages, beside the simulation's"),
     "transfer": (30, True, "host-to-device bandwidth, pageable and pinned (02-transfer)"),
