@@ -93,7 +93,8 @@ def probe(log: Log) -> None:
         except (ImportError, ValueError):  # a blocked or broken package
             found = False
         log.write(kind="probe", package=name, installed=found,
-                  note=why if found else f"not installed: the phases skip what needs it ({why})")
+                  note=why if found else f"not installed ({why}): a notebook or test that needs it fails or skips "
+                                          f"with that reason in the notebooks and gpu-tests phases")
 
 
 def run_phase(name: str, limit: float, log: Log, env: dict[str, str]) -> None:
