@@ -9,10 +9,18 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test`: auto is one more than the cores (see tests/conftest.py, which also orders the
 # files, costliest first; each file runs whole on one worker).
 TEST_WORKERS ?= auto
+# One file per worker at a time, in the order tests/conftest.py gives (costliest first); needs pytest-xdist >= 3.8.
+XDIST_ARGS := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# The GPU targets need no `make install` (a GPU machine may have only torch, numpy and pytest, and no network):
+# they use .venv's python when there is one, else $(PYTHON).
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+# Where `make gpu-check` records: one <gpu>-<date>.jsonl and .md per GPU model and date (a CPU-only machine writes
+# its dry run to a scratch folder instead, never here).
+GPU_CHECK_OUT ?= reference
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-gpu install sandbox browser lint release check grade bench clean
+.PHONY: lab test test-gpu gpu-check install sandbox browser lint release check grade bench clean
 
 install: $(STAMP)
 
@@ -44,14 +52,18 @@ lab: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
 test: install sandbox browser lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -rs --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 $(PYTEST_ARGS)
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check
 
-test-gpu: install sandbox
-	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
+test-gpu:
+	$(GPU_PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
+
+# One command on a lent GPU (under 8 minutes, torch and numpy only): reference data for reference/ (bench/gpu_check.py).
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py $(GPU_CHECK_OUT)
 
 # The repository URL of pyproject.toml goes into the notebooks first, then nbgrader makes exercises/ from them.
 release: install

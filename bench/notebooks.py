@@ -12,8 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
+try:  # a Jupyter kernel runs each notebook whole: this bench needs the Jupyter stack, unlike bench/gpu_check.py
+    import nbformat
+    from nbclient import NotebookClient
+except ModuleNotFoundError as missing:
+    sys.exit(f"bench/notebooks.py runs the notebooks in a Jupyter kernel and needs {missing.name}, which is not "
+             f"installed: run `make install` first (on a GPU machine with only torch, `make gpu-check` runs the "
+             f"notebooks' graded cells without Jupyter)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from grader import nbtools  # noqa: E402

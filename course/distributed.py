@@ -37,7 +37,10 @@ from typing import Any
 try:
     import cloudpickle
 except ImportError:  # older joblib (a dependency of scikit-learn) ships it inside
-    from joblib.externals import cloudpickle
+    try:
+        from joblib.externals import cloudpickle
+    except ImportError:  # neither (a GPU machine with only torch): plain pickle sends functions by reference, so a
+        cloudpickle = pickle  # function defined in a notebook cannot reach a rank; one from a module can
 
 __all__ = ["free_port", "RankResult", "Ranks", "ranks", "write_script", "torchrun", "TorchrunResult", "checkup"]
 

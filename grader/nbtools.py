@@ -1,13 +1,17 @@
 """Notebook plumbing shared by the instructor CLI and the tests: paths, nbgrader runs and gradebook reads."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
+try:  # Jupyter's notebook library; a GPU machine with only torch reads the notebooks as plain JSON (make gpu-check)
+    import nbformat
+except ModuleNotFoundError:
+    nbformat = None
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "grader" / "nbgrader_config.py"
@@ -46,7 +50,42 @@ def grade_id(cell: dict) -> str | None:
     return nbgrader_meta(cell).get("grade_id")
 
 
-def read(path: Path) -> nbformat.NotebookNode:
+class JsonNode(dict):
+    """A notebook read as plain JSON, with nbformat's attribute access (`nb.cells`, `cell.source`)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value) -> None:
+        self[name] = value
+
+
+def _node(obj):
+    if isinstance(obj, dict):
+        return JsonNode({k: _node(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return [_node(v) for v in obj]
+    return obj
+
+
+def read_json(path: Path) -> JsonNode:
+    """A v4 notebook without nbformat: the same cells, metadata and (joined) sources as `nbformat.read`."""
+    nb = _node(json.loads(Path(path).read_text(encoding="utf-8")))
+    if nb.get("nbformat") != 4:
+        raise ValueError(f"{path}: nbformat {nb.get('nbformat')!r}, expected a version 4 notebook")
+    for cell in nb["cells"]:
+        if isinstance(cell.get("source"), list):
+            cell["source"] = "".join(cell["source"])
+    return nb
+
+
+def read(path: Path) -> nbformat.NotebookNode | JsonNode:
+    """The notebook at `path`: nbformat's NotebookNode, or plain JSON where Jupyter is not installed."""
+    if nbformat is None:
+        return read_json(path)
     return nbformat.read(path, as_version=4)
 
 

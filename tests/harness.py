@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-import nbformat
+try:  # only the nbgrader round trip below writes notebooks; running cells needs no Jupyter (bench/gpu_check.py)
+    import nbformat
+except ModuleNotFoundError:
+    nbformat = None
 
 from grader.nbtools import grade_id, nbgrader_meta, read
 from tests.mutations import Variant

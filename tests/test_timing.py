@@ -153,7 +153,7 @@ def test_sync_is_a_no_op_on_cpu_and_synchronises_cuda(monkeypatch):
 def test_simulated_gpu_is_timed_by_its_own_clock():
     """Under course.simgpu the events path reads the simulated stream: declared GPU work is what gets timed."""
     simgpu = pytest.importorskip("course.simgpu")
-    with simgpu.simulated_cuda("T4") as gpu:
+    with simgpu.simulated_cuda("T4", replace_real=True) as gpu:
         for ms in (2.0, 8.0):
             median = timed(lambda ms=ms: simgpu.gpu_work(ms), gpu.device, iters=5, warmup=1)
             assert median == pytest.approx(ms, rel=0.25), (ms, median)
@@ -171,7 +171,7 @@ def test_events_count_the_idle_gaps_when_the_host_is_too_slow():
         simgpu.gpu_work(2.0)
         time.sleep(0.010)  # Python-side work that keeps the launch queue empty
 
-    with simgpu.simulated_cuda("T4") as gpu:
+    with simgpu.simulated_cuda("T4", replace_real=True) as gpu:
         busy = timed(lambda: simgpu.gpu_work(2.0), gpu.device, iters=5, warmup=1)
         starved = timed(slow_host_call, gpu.device, iters=5, warmup=1)
     assert starved > 3 * busy, (starved, busy)

@@ -9,16 +9,19 @@ it saw. It is a simulation, labelled as one (device names end in "(simulated)");
 What is modelled
 - `torch.cuda`: `is_available()` is True; `device_count()`, `current_device()`, `set_device()`, `get_device_name()`,
   `get_device_capability()`, `get_device_properties()` (name, major, minor, total_memory, multi_processor_count)
-  describe the chosen GPU (`PRESETS`: T4, L4, A100, H100, or your own `GPUSpec`). `is_bf16_supported()` answers as
-  real torch does: True on a T4 by default (including_emulation=True, emulated bf16), False there with
-  `including_emulation=False`.
+  describe the chosen GPU (`PRESETS`: T4, L4, A100, H100 with the capacities torch reports on them, or your own
+  `GPUSpec`). `is_bf16_supported()` answers as real torch does: True on a T4 by default (including_emulation=True,
+  emulated bf16), False there with `including_emulation=False`.
+- Every public device or memory query (`torch.cuda`, `torch.cuda.memory`, `torch.accelerator` and
+  `torch.accelerator.memory`) is answered by the simulation or refused with NotImplementedError naming the call
+  (`queries`): none reads the real GPU under a simulated one.
 - Memory: the device has a budget (the preset's capacity, or `simulated_cuda(..., memory=bytes)`). Tensors on it
   (including the gradients and temporaries of backward) are charged when created and credited when freed, in blocks
-  and segments shaped like PyTorch's caching allocator (`course.simgpu.memory`). `memory_allocated`,
-  `max_memory_allocated`, `reset_peak_memory_stats`, `memory_reserved`, `max_memory_reserved`, `mem_get_info`,
-  `memory_stats`, `memory_summary` and `empty_cache` answer from that account, and an allocation past the budget
-  raises `torch.cuda.OutOfMemoryError` ("CUDA out of memory. Tried to allocate ...").
-  `torch.accelerator` answers the same way, so DataLoader(pin_memory=True) pins.
+  and segments shaped like PyTorch's caching allocator (`course.simgpu.memory`), and the first cuBLAS operation
+  charges cuBLAS's workspace, as on a real GPU. `memory_allocated`, `max_memory_allocated`,
+  `reset_peak_memory_stats`, `memory_reserved`, `max_memory_reserved`, `mem_get_info`, `memory_stats`,
+  `memory_summary` and `empty_cache` answer from that account, and an allocation past the budget raises
+  `torch.cuda.OutOfMemoryError` ("CUDA out of memory. Tried to allocate ..."). DataLoader(pin_memory=True) pins.
 - Tensors on the GPU: `.to("cuda")`, `.to(device, non_blocking=True)`, `.cuda()`, `Module.to(device)`, factories
   with `device="cuda"` (or `device=x.device`) and `torch.load(map_location="cuda")` keep the data on the CPU but the
   tensor reports `.device == torch.device("cuda", 0)`, `.is_cuda`, prints with `device='cuda:0'`. Results of
@@ -32,7 +35,8 @@ What is modelled
   `.cpu()` / blocking `.to("cpu")`, boolean-mask indexing, `nonzero()`, and a blocking `.to("cuda")` (which, as in
   PyTorch, waits for the stream) all sleep until the queue is drained. So a timing loop that forgets to synchronise
   reports a throughput many times too high, exactly as on a real GPU. `torch.cuda.Event(enable_timing=True)`
-  records when the GPU would reach it; `elapsed_time` raises "device not ready" before the end event is reached.
+  records when the GPU would reach it; `elapsed_time` raises as torch 2.14 does: ValueError for events created
+  without timing or never recorded, RuntimeError ("Both events must be completed...") before the end is reached.
   Copies to the GPU cost nbytes / bandwidth (`GPUSpec.h2d_*_gbps`): queued if non_blocking from pinned memory, paid
   by the host from pageable memory.
 - The device-to-host race: `.to("cpu", non_blocking=True)` (or `cpu_buf.copy_(x, non_blocking=True)`) returns a
@@ -40,25 +44,25 @@ What is modelled
   is synchronised, when the right data is written into it in place. Only a sync fills it, never elapsed time, so the
   outcome is deterministic. Blocking copies return the right data.
 - Autocast: `torch.autocast("cuda", dtype)` (and `torch.amp.autocast`, and the deprecated `torch.cuda.amp.autocast`)
-  runs as CPU autocast with that dtype (float16 by default, as on CUDA); each region is recorded, and so is every
-  backward call, with whether it ran inside an enabled autocast region. `torch.amp.GradScaler("cuda")` is enabled
-  and works (scaling, inf/NaN detection and skipped steps, scale backoff); its calls are recorded with the dtype of
-  the surrounding (or the latest) autocast region.
+  sets CUDA's autocast state, so `torch.is_autocast_enabled("cuda")` reads True inside it, and CUDA's cast policy (its
+  op lists, the ban on binary_cross_entropy) is applied to the simulated tensors (`autocast`); each region is
+  recorded, and so is every backward call, with whether it ran inside an enabled autocast region.
+  `torch.amp.GradScaler("cuda")` is enabled and works (scaling, inf/NaN detection and skipped steps, scale backoff);
+  its calls are recorded with the dtype of the surrounding (or the latest) autocast region.
 - The record: `SimGPU.log` and its views (`syncs`, `explicit_syncs`, `copies`, `h2d_copies`, `d2h_copies`, `pins`,
   `autocast_regions`, `backwards`, `backward_in_autocast`, `scaler_calls`, `work`, `module_moves`,
   `memory_events`), `warnings` (likely mistakes in words) and `report()`.
 
-What is not modelled: the speed of real kernels (only work declared with `gpu_work` costs GPU time; the CPU
-arithmetic itself is host time), several streams overlapping (all streams share one timeline), the kernel launch
-queue's depth limit, `torch.compile`, CUDA graphs, `torch.cuda` RNG state (so no activation checkpointing of GPU
-tensors), the CUDA context's memory, memory held inside kernels (workspaces), `torch.Event`/`torch.Stream` (the
-generic ones), `torch.is_autocast_enabled("cuda")` (False: the regions run as CPU autocast), tensors saved with
-`torch.save` (saved as CPU tensors), more than one GPU, and torch calls made on other threads, where simulated
-tensors report the CPU (the DataLoader's pinning thread is supported). Names bound before the session (`from
-torch.cuda import synchronize`) keep the real function. A non_blocking copy to the host that was never synchronised
-stays wrong after the session ends. Sessions are per process and must start and stop on the same thread. A simulated
-session runs torch's CPU work on one thread (restored on exit), so that host-side arithmetic stays cheap and steady
-on a busy machine and the declared GPU time dominates, as kernel launches do on a real GPU.
+What is not modelled: the speed of real kernels (only work declared with `gpu_work` costs GPU time; the CPU arithmetic
+itself is host time), several streams overlapping (all streams share one timeline), the kernel launch queue's depth
+limit, `torch.compile`, CUDA graphs, `torch.cuda` RNG state (so no activation checkpointing of GPU tensors), the CUDA
+context's memory, memory held inside kernels (cuDNN's workspaces; cuBLAS's is counted), `torch.Event`/`torch.Stream`
+(the generic ones), tensors saved with `torch.save` (saved as CPU tensors), more than one GPU, and torch calls made on
+other threads, where simulated tensors report the CPU (the DataLoader's pinning thread is supported). Names bound
+before the session (`from torch.cuda import synchronize`) keep the real function. A non_blocking copy to the host that
+was never synchronised stays wrong after the session ends. Sessions are per process and must start and stop on the
+same thread. A simulated session runs torch's CPU work on one thread (restored on exit), so that host-side arithmetic
+stays cheap and steady on a busy machine and the declared GPU time dominates, as kernel launches do on a real GPU.
 
 Real GPUs: `simulated_cuda()` refuses to hide a real GPU (pass `replace_real=True` to simulate anyway).
 `gpu_session()` is what hidden tests use: on a machine with CUDA it yields the real device with recording wrappers
@@ -92,7 +96,7 @@ Hidden tests, for example::
 The package: `presets` (GPUSpec, PRESETS), `records` (what is recorded), `session` (SimGPU and the functions
 below), `work` (gpu_work, CostlyModel), `lifecycle` (install and remove), `runtime` (the timeline and the registry
 of GPU tensors), `memory` (the allocator's account), `dispatch` and `copies` (the torch-function mode and its
-handlers), `fakes` and `recorders` (what replaces or wraps torch.cuda).
+handlers), `fakes`, `queries` and `recorders` (what replaces or wraps torch.cuda), `autocast` (CUDA's cast policy).
 
 Introduced in 01-device (simulated GPU for learners without one); the hidden tests of 01 to 07 use it throughout.
 """

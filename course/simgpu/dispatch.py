@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course.simgpu import records
+from course.simgpu import autocast, records
 from course.simgpu.copies import Copies, RealCopyRecorder
 from course.simgpu.runtime import CUDA0, TB, Runtime, device_index, is_cuda_device, raw, tensors_in
 
@@ -139,6 +139,10 @@ class Dispatcher:
                         f"Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
                         f"cpu! (simulated CUDA, in {name}(): a tensor of shape {tuple(t.shape)} is still on the CPU; "
                         f"move it with .to(device), and create new tensors with device=x.device)")
+        if torch.is_autocast_enabled("cuda"):
+            args, kwargs = autocast.cast(rt, name, args, kwargs)
+        if name in autocast.CUBLAS:
+            rt.ensure_workspace()
         out = func(*args, **kwargs)
         rt.mark(out)
         return out
@@ -220,10 +224,7 @@ class Dispatcher:
     # ---- backward: recorded with the autocast state; on the simulated GPU its allocations are charged -----------
     def backward(self, func: Callable, *args: Any, **kwargs: Any) -> None:
         rt = self.rt
-        if rt.simulated:
-            in_autocast = torch.is_autocast_enabled("cpu")
-        else:
-            in_autocast = torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+        in_autocast = torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
         region = rt.autocast_stack[-1] if rt.autocast_stack else None
         if in_autocast and region is not None:
             region.backward_calls += 1

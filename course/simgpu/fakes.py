@@ -1,5 +1,6 @@
-"""What the simulation puts in place of `torch.cuda` (and `torch.accelerator`): device queries, events, streams,
-memory statistics, pinning, CUDA autocast run as CPU autocast, and `torch.load(map_location="cuda")`."""
+"""What the simulation puts in place of `torch.cuda`: device queries, events, streams, pinning and
+`torch.load(map_location="cuda")`; memory and `torch.accelerator` are answered in `queries`, CUDA autocast's cast
+policy in `autocast`."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +12,7 @@ import torch
 
 from course.simgpu import records, runtime
 from course.simgpu.presets import SimDeviceProperties
+from course.simgpu.queries import install_queries
 from course.simgpu.runtime import CUDA0, Patches, Runtime, device_index, is_cuda_device, raw, sleep_until
 
 
@@ -46,14 +48,15 @@ class SimEvent:
             sleep_until(self._t)
 
     def elapsed_time(self, end_event: SimEvent) -> float:
+        """Real torch's checks, in its order and with its types and messages (c10/cuda CUDAEvent::elapsed_time)."""
         if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("CUDA error: invalid resource handle (simulated: create both events with "
-                               "torch.cuda.Event(enable_timing=True))")
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._t is None or end_event._t is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         if time.perf_counter() < max(self._t, end_event._t):
-            raise RuntimeError("CUDA error: device not ready (simulated: the GPU has not reached the end event yet; "
-                               "call end.synchronize() or torch.cuda.synchronize() before elapsed_time())")
+            raise RuntimeError("Both events must be completed before calculating elapsed time. (simulated: the GPU "
+                               "has not reached the end event yet; call end.synchronize() or torch.cuda.synchronize() "
+                               "before elapsed_time())")
         return (end_event._t - self._t) * 1e3
 
     def __repr__(self) -> str:
@@ -116,59 +119,10 @@ class NullStreamContext:
         return None
 
 
-class MemoryAPI:
-    """torch.cuda's memory functions, answered from the runtime's memory account."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt, self.account = rt, rt.memory
-
-    def _event(self, kind: str) -> None:
-        self.rt.record(records.MemoryEvent(t_ms=self.rt.ms(), kind=kind, allocated=self.account.allocated,
-                                           reserved=self.account.reserved))
-
-    def memory_allocated(self, device: Any = None) -> int:
-        device_index(device)
-        return self.account.allocated
-
-    def max_memory_allocated(self, device: Any = None) -> int:
-        device_index(device)
-        return self.account.peak
-
-    def memory_reserved(self, device: Any = None) -> int:
-        device_index(device)
-        return self.account.reserved
-
-    def max_memory_reserved(self, device: Any = None) -> int:
-        device_index(device)
-        return self.account.peak_reserved
-
-    def reset_peak_memory_stats(self, device: Any = None) -> None:
-        device_index(device)
-        self.account.reset_peak()
-        self._event("reset_peak")
-
-    def empty_cache(self) -> None:
-        self.account.release_cached()
-        self._event("empty_cache")
-
-    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
-        device_index(device)
-        return (self.account.free, self.account.capacity)
-
-    def memory_stats(self, device: Any = None) -> dict[str, int]:
-        device_index(device)
-        return self.account.stats()
-
-    def memory_summary(self, device: Any = None, abbreviated: bool = False) -> str:
-        device_index(device)
-        return self.account.summary()
-
-
 def install_fakes(rt: Runtime, p: Patches) -> None:
     """Put the simulated GPU in place of torch.cuda (and torch.accelerator, pinning, CUDA autocast, torch.load)."""
     spec = rt.spec
     rt.stream = rt.default_stream = SimStream()
-    mem = MemoryAPI(rt)
 
     def props(device: Any = None) -> SimDeviceProperties:
         device_index(device)
@@ -185,8 +139,6 @@ def install_fakes(rt: Runtime, p: Patches) -> None:
     def set_stream(stream: Any) -> None:
         rt.stream = stream
 
-    memory_names = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                    "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats", "memory_summary")
     fakes: dict[str, Any] = {
         "is_available": lambda: True, "is_initialized": lambda: True, "device_count": lambda: 1,
         "current_device": lambda: 0, "set_device": device_index, "_exchange_device": lambda device: 0,
@@ -199,23 +151,8 @@ def install_fakes(rt: Runtime, p: Patches) -> None:
         "current_stream": lambda device=None: rt.stream, "default_stream": lambda device=None: rt.default_stream,
         "stream": stream, "set_stream": set_stream, "is_current_stream_capturing": lambda: False,
         "get_arch_list": lambda: [f"sm_{spec.major}{spec.minor}"],
-        "reset_max_memory_allocated": mem.reset_peak_memory_stats,
-        **{name: getattr(mem, name) for name in memory_names},
     }
-    for name, value in fakes.items():
-        p.set(torch.cuda, name, value, only_if_present=False)
-    accelerator = {
-        "is_available": lambda: True, "current_accelerator": lambda check_available=False: torch.device("cuda"),
-        "device_count": lambda: 1, "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
-        "set_device_index": device_index, "set_device_idx": device_index,
-        "synchronize": lambda device=None: rt.drain("torch.accelerator.synchronize()", explicit=True),
-        "current_stream": lambda device=None: rt.stream,
-        **{name: fakes[name] for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
-                                          "max_memory_reserved", "reset_peak_memory_stats", "empty_cache")},
-    }
-    if hasattr(torch, "accelerator"):  # torch >= 2.6
-        for name, value in accelerator.items():
-            p.set(torch.accelerator, name, value)
+    install_queries(rt, p, fakes)
     _install_pinning(rt, p)
     _install_autocast_and_load(rt, p)
 
@@ -243,18 +180,7 @@ def _install_pinning(rt: Runtime, p: Patches) -> None:
 
 
 def _install_autocast_and_load(rt: Runtime, p: Patches) -> None:
-    autocast = torch.amp.autocast_mode.autocast
-    orig_init = autocast.__init__
-
-    def init(ac: Any, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
-             cache_enabled: bool | None = None) -> None:
-        ac._simgpu_device = device_type
-        if device_type == "cuda":
-            dtype = torch.float16 if dtype is None else dtype
-            device_type = "cpu"
-        orig_init(ac, device_type, dtype, enabled, cache_enabled)
-
-    p.set(autocast, "__init__", init)
+    orig_load = torch.load
     orig_load = torch.load
 
     @functools.wraps(orig_load)

@@ -11,11 +11,17 @@ for the lessons and hidden tests of 07-memory:
 - a request that needs a new segment past the device's capacity raises `torch.cuda.OutOfMemoryError` with CUDA's
   message ("CUDA out of memory. Tried to allocate ...").
 
+- cuBLAS's workspace (`cublas_workspace_bytes`) is charged by the first cuBLAS operation of the session and stays,
+  as torch allocates it through the caching allocator once per stream (it shows in `memory_allocated`).
+
 Fragmentation is approximated: after `empty_cache()` each pool keeps its live bytes rounded up to whole 2 MiB
 segments. The CUDA context (hundreds of MB on a real GPU) is not modelled: `mem_get_info` reports capacity minus
 reserved.
 """
 from __future__ import annotations
+
+import os
+import re
 
 import torch
 
@@ -43,6 +49,18 @@ def segment_size(block: int) -> int:
     if block < MIN_LARGE_ALLOC:
         return LARGE_BUFFER
     return _round_up(block, ROUND_LARGE)
+
+
+def cublas_workspace_bytes(major: int, config: str | None = None) -> int:
+    """The workspace torch gives cuBLAS, as aten/src/ATen/cuda/CublasHandlePool.cpp chooses it.
+
+    CUBLAS_WORKSPACE_CONFIG (":SIZE:COUNT" pairs, SIZE in KiB) when set, else ":4096:2:16:8" (8.125 MiB), and
+    32 MiB on capability 9.x, 10.x and 12.x (Hopper, Blackwell; torch 2.14; older torch: 9.0 only).
+    """
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG") if config is None else config
+    default = 4096 * 8 * 1024 if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config or "")
+    return sum(int(size) * 1024 * int(count) for size, count in pairs) if pairs else default
 
 
 def format_size(nbytes: int) -> str:

@@ -39,13 +39,22 @@ class GPUSpec:
         return f"{self.name} (simulated)"
 
 
-# Names as torch reports them; memory is the nominal size; SM counts from the datasheets. T4 and A100 copy rates
-# are CUDA bandwidthTest figures (see course.transfer.RECORDED_H2D); L4 and H100 rates are rough guesses (unverified).
+def _reported(gib: float) -> int:
+    """Bytes from a capacity that torch printed rounded to 0.01 GiB (so within 5 MiB of the device's own figure)."""
+    return round(gib * _GiB)
+
+
+# Names as torch reports them. Memory is the total capacity torch reports on such a GPU, lower than the nominal
+# size (ECC and driver reservations), as printed in users' CUDA out-of-memory messages ("GPU 0 has a total capacity
+# of ..."): T4 14.74 GiB (Colab and Kaggle T4s), L4 22.03 GiB, A100-SXM4-40GB 39.39 GiB, H100 80GB HBM3 79.11 GiB
+# (vllm-project/vllm#27508). Another driver or ECC setting can differ by a little; bench/gpu_check.py records the
+# real figure. SM counts from the datasheets. T4 and A100 copy rates are CUDA bandwidthTest figures (see
+# course.transfer.RECORDED_H2D); L4 and H100 rates are rough guesses (unverified).
 PRESETS: dict[str, GPUSpec] = {
-    "T4": GPUSpec("Tesla T4", 7, 5, 16 * _GiB, 40, 9.7, 4.0),
-    "L4": GPUSpec("NVIDIA L4", 8, 9, 24 * _GiB, 58, 20.0, 8.0),
-    "A100": GPUSpec("NVIDIA A100-SXM4-40GB", 8, 0, 40 * _GiB, 108, 25.7, 10.0),
-    "H100": GPUSpec("NVIDIA H100 80GB HBM3", 9, 0, 80 * _GiB, 132, 50.0, 15.0),
+    "T4": GPUSpec("Tesla T4", 7, 5, _reported(14.74), 40, 9.7, 4.0),
+    "L4": GPUSpec("NVIDIA L4", 8, 9, _reported(22.03), 58, 20.0, 8.0),
+    "A100": GPUSpec("NVIDIA A100-SXM4-40GB", 8, 0, _reported(39.39), 108, 25.7, 10.0),
+    "H100": GPUSpec("NVIDIA H100 80GB HBM3", 9, 0, _reported(79.11), 132, 50.0, 15.0),
 }
 
 

@@ -86,6 +86,8 @@ def _record_autocast(rt: Runtime, p: Patches) -> None:
                 region.closed = True
                 if region in rt.autocast_stack:
                     rt.autocast_stack.remove(region)
+            if not rt.autocast_stack:  # torch clears its autocast cache when the outermost region ends
+                rt.autocast_cache.clear()
 
     p.set(autocast, "__enter__", enter)
     p.set(autocast, "__exit__", exit_)

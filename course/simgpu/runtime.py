@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from course.simgpu import records
-from course.simgpu.memory import MemoryAccount
+from course.simgpu.memory import MemoryAccount, cublas_workspace_bytes
 from course.simgpu.presets import GPUSpec
 
 if TYPE_CHECKING:
@@ -135,6 +135,8 @@ class Runtime:
         self.pinned: dict[int, tuple[weakref.ref, int]] = {}
         self.memory = MemoryAccount(spec.total_memory, spec.label)
         self.autocast_stack: list[records.AutocastRegion] = []
+        self.autocast_cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # CUDA autocast's weight casts
+        self.workspace = 0  # the cuBLAS workspace's block, allocated by the first cuBLAS operation
         self.last_autocast: records.AutocastRegion | None = None
         self.patches = Patches()
         self.stream: Any = None  # the current fake torch.cuda.Stream, set by the fakes
@@ -192,6 +194,11 @@ class Runtime:
     def transfer_s(self, nbytes: int, pinned: bool) -> float:
         gbps = self.spec.h2d_pinned_gbps if pinned else self.spec.h2d_pageable_gbps
         return nbytes / (gbps * 1e9) if gbps and gbps > 0 else 0.0
+
+    def ensure_workspace(self) -> None:
+        """Charge cuBLAS's workspace once, as the first matmul on a real GPU's stream allocates it (may raise OOM)."""
+        if not self.workspace:
+            self.workspace = self.memory.allocate(cublas_workspace_bytes(self.spec.major))
 
     # ---- which tensors are on the simulated GPU or pinned ----------------------------------------------------
     def _has(self, table: dict, t: Any) -> bool:
@@ -256,4 +263,5 @@ class Runtime:
         """Drop the registries when the last session ends (the tensors themselves live on as CPU tensors)."""
         self.sim.clear()
         self.pinned.clear()
+        self.autocast_cache.clear()
         self.pending.clear()
