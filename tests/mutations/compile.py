@@ -95,6 +95,44 @@ import statistics
         "times calls with perf_counter and no sync: on a GPU that measures kernel launches"),
     Variant("compile_report", "diff_as_tensor", True, _report((".abs().max().item()", ".abs().max()")),
             "max_abs_diff left as a 0-d tensor, not a Python float"),
+    Variant("compile_report", "autograd_on", True, _report(
+        ("    with torch.no_grad():  # we measure inference\n", "    if True:  # autograd stays on\n")),
+        "measures with autograd on: the timed calls and the compile are those of a training forward, not inference"),
+    Variant("compile_report", "compiled_with_autograd", True, _report(
+        ("        eager_ms = ms_per_call(model)\n\n",
+         "        eager_ms = ms_per_call(model)\n    if True:  # autograd on for the compiling call\n"),
+        ("        compiled_ms = ms_per_call(compiled)", "        with torch.no_grad():\n"
+                                                      "            compiled_ms = ms_per_call(compiled)")),
+        "eager measured without gradients, but the first compiled call (the compile time) made with autograd on"),
+    Variant("compile_report", "grad_off_globally", True, _report(
+        ("    with torch.no_grad():  # we measure inference\n",
+         "    torch.set_grad_enabled(False)  # we measure inference\n    if True:\n")),
+        "switches autograd off for the whole process and never back on: later training in the notebook breaks"),
+    Variant("compile_report", "signed_diff", True, _report((".abs().max().item()", ".max().item()")),
+            "the largest signed difference: an output far below eager is missed"),
+    Variant("compile_report", "signed_diff_reversed", True, _report(
+        ("(got.float() - expected.float()).abs().max()", "(expected.float() - got.float()).max()")),
+        "eager minus compiled, signed: an output far above eager is missed"),
+    Variant("compile_report", "abs_of_signed_max", True, _report((".abs().max().item()", ".max().abs().item()")),
+            "the absolute value of the largest signed difference, not the largest absolute difference"),
+    Variant("compile_report", "shared_report_dict", True, _report(
+        ("def compile_report(", "_REPORT = {}\n\n\ndef compile_report("),
+        ("    return {\n", "    _REPORT.update({\n"),
+        ('        "max_abs_diff": diff,\n    }\n', '        "max_abs_diff": diff,\n    })\n    return _REPORT\n')),
+        "one dict updated by every call: a report kept from an earlier call changes under the learner's feet"),
+    Variant("compile_report", "inference_mode", False, _report(
+        ("    with torch.no_grad():  # we measure inference",
+         "    with torch.inference_mode():  # we measure inference")),
+        "torch.inference_mode() instead of no_grad: inference too, and the grad mode comes back afterwards"),
+    Variant("compile_report", "reference_with_autograd", False, _report(
+        ("    with torch.no_grad():  # we measure inference\n        expected = model(example_input)\n",
+         "    expected = model(example_input).detach()  # the reference output is not a measurement\n"
+         "    with torch.no_grad():  # we measure inference\n")),
+        "computes the eager reference with autograd on (then detached): every measured call is still inference"),
+    Variant("compile_report", "diff_in_float64", False, _report(
+        ("(got.float() - expected.float()).abs().max().item()",
+         "(got.double() - expected.double()).abs().max().item()")),
+        "the difference in float64: the same largest absolute difference"),
     Variant("compile_report", "eval_mode_first", False, _report(
         ("    dev = example_input.device\n",
          "    dev = example_input.device\n    model.eval()  # inference mode for dropout and batch norm\n")),
