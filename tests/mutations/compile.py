@@ -199,6 +199,25 @@ def compile_report(model, example_input, iters=20):
     Variant("safe_compile", "kwargs_dropped", True, _safe(
         ("compiled = torch.compile(model, **compile_kwargs)", "compiled = torch.compile(model)")),
             "mode= and the other options never reach torch.compile"),
+    Variant("safe_compile", "catches_runtime_error_only", True, _safe(
+        ("    except Exception as error:", "    except RuntimeError as error:")),
+        "catches RuntimeError only: a compile that fails with another exception still kills the run"),
+    Variant("safe_compile", "warning_text_only", True, _safe((': {type(error).__name__}: {error}"', ': {error}"')),
+            "the warning gives the exception's text but not its type"),
+    Variant("safe_compile", "reuses_first_compiled", True, _safe(
+        ("def safe_compile(", "_COMPILED = []\n\n\ndef safe_compile("),
+        ("        compiled = torch.compile(model, **compile_kwargs)\n",
+         "        if not _COMPILED:  # compile once, reuse it\n"
+         "            _COMPILED.append(torch.compile(model, **compile_kwargs))\n"
+         "        compiled = _COMPILED[0]\n")),
+        "keeps the first compiled model and returns it for every later model"),
+    Variant("safe_compile", "traceback_line_in_warning", False, _safe(
+        ("    except Exception as error:  # whatever went wrong, the model still runs eagerly\n",
+         "    except Exception as error:  # whatever went wrong, the model still runs eagerly\n"
+         "        import traceback\n\n"),
+        (_WARN, 'warnings.warn("compiling failed, eager fallback: "\n'
+                '                      + "".join(traceback.format_exception_only(type(error), error)).strip())')),
+        "the warning is traceback's own last line ('RuntimeError: ...'), as a UserWarning: type and text, so correct"),
     Variant("safe_compile", "first_call_without_gradients", False, _safe(
         ("        compiled(example_input)  #",
          "        with torch.no_grad():\n            compiled(example_input)  #")),
