@@ -292,6 +292,51 @@ def safe_compile(model, example_input, **compile_kwargs):
         ("            with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n                loss",
          '            with torch.autocast("cuda", dtype=dtype, enabled=use_autocast):\n                loss')),
         'autocast("cuda") whatever the device: on a CPU it does nothing, so precision is silently fp32'),
+    Variant("fit", "loss_mean_of_batch_means", True, _fit(
+        ("loss_sum += loss.detach().float() * targets.shape[0]", "loss_sum += loss.detach().float()"),
+        ("loss_sum.item() / seen", "loss_sum.item() / len(train_loader)")),
+        "the epoch's loss as the mean of the batch means: a short last batch weighs as much as a full one"),
+    Variant("fit", "accuracy_mean_of_batch_accuracies", True, _fit(
+        ("correct, total = torch.zeros((), dtype=torch.long, device=device), 0",
+         "correct, total = torch.zeros((), device=device), 0"),
+        ("correct += (runner(inputs).argmax(dim=1) == targets).sum()",
+         "correct += (runner(inputs).argmax(dim=1) == targets).float().mean()"),
+        ("                total += targets.shape[0]\n", "                total += 1\n")),
+        "validation accuracy as the mean of the batches' accuracies: wrong when the last batch is short"),
+    Variant("fit", "grad_off_after_validation", True, _fit(
+        ("        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n",
+         "        torch.set_grad_enabled(False)  # validation needs no gradients\n"
+         "        with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n"),
+        ("        model.train()\n        loss_sum", "        model.train()\n        torch.set_grad_enabled(True)\n"
+                                               "        loss_sum")),
+        "switches autograd off for validation and on again only when the next epoch starts: after fit it stays off"),
+    Variant("fit", "shared_history", True, _fit(
+        ("def fit(", "_HISTORY = {}\n\n\ndef fit("),
+        ('    history = {"train_loss": [], "val_accuracy": [], "samples_per_s": [], "precision": name, '
+         '"compiled": compiled}',
+         '    history = _HISTORY  # one history, emptied by each call\n'
+         '    history.clear()\n'
+         '    history.update({"train_loss": [], "val_accuracy": [], "samples_per_s": [], "precision": name,\n'
+         '                    "compiled": compiled})')),
+        "one history dict reused by every call: the history an earlier call returned is wiped by the next call"),
+    Variant("fit", "precision_error_without_value", True, _fit(
+        ('raise ValueError(f"precision={precision!r}: use', 'raise ValueError("unknown precision: use')),
+        "raises ValueError for an unknown precision, but does not say which value it got"),
+    Variant("fit", "validates_with_the_eager_model", True, _fit(
+        ("correct += (runner(inputs).argmax(dim=1)", "correct += (model(inputs).argmax(dim=1)")),
+        "trains the compiled model but validates the eager one: validation never runs the compiled code"),
+    Variant("fit", "loss_running_mean", False, _fit(
+        ("            loss_sum += loss.detach().float() * targets.shape[0]\n            seen += targets.shape[0]\n",
+         "            seen += targets.shape[0]\n"
+         "            loss_sum += (loss.detach().float() - loss_sum) * targets.shape[0] / seen  # running mean\n"),
+        ("loss_sum.item() / seen", "loss_sum.item()")),
+        "a running mean per sample, updated batch by batch: the same per-sample mean"),
+    Variant("fit", "accuracy_counted_on_host", False, _fit(
+        ("correct, total = torch.zeros((), dtype=torch.long, device=device), 0", "correct, total = 0, 0"),
+        ("correct += (runner(inputs).argmax(dim=1) == targets).sum()",
+         "correct += int((runner(inputs).argmax(dim=1) == targets).sum())"),
+        ("100.0 * correct.item() / total", "100.0 * correct / total")),
+        "counts correct predictions as Python ints (one sync per validation batch): the same accuracy"),
     Variant("fit", "item_every_step", False, _fit(
         ("loss_sum, seen = torch.zeros((), device=device), 0", "loss_sum, seen = 0.0, 0"),
         ("loss_sum += loss.detach().float() * targets.shape[0]", "loss_sum += loss.item() * targets.shape[0]"),
