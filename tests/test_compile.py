@@ -2,8 +2,12 @@
 autograde round trip. The graded functions exist once, in the solution notebook's cells; `solution` runs them here."""
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
+import io
 import math
+import re
 import time
 import warnings
 from pathlib import Path
@@ -13,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from course import observe
 from course.compile import PT2_ANNOUNCEMENT, ElementwiseChain, GraphRecorder, elementwise_chain, stand_in_compile
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
 from tests.mutations import solution_cell
@@ -230,6 +235,59 @@ def test_cell_layout_and_graded_cells(nb):
             assert cell.source.startswith('"""Check '), f"{grade_id(cell)}: start with a one-line docstring"
             assert "### BEGIN HIDDEN TESTS" in cell.source and "__check_" in cell.source
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
+
+
+_JUDGE = re.compile(r"### BEGIN JUDGE\n(.*?)### END JUDGE\n", re.S)
+_ALLOWED = {"torch", "numpy", "math", "numbers", "course.checks", "course.observe"}
+
+
+def _judged_cells(nb) -> list[tuple[str, str, str]]:
+    """(name, probe part, judge part) for every checks.judged(name) of the graded test cells."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and nbgrader_meta(cell).get("grade"):
+            judge = "".join(part for part in _JUDGE.findall(cell.source) if "def __judge_" in part)
+            probe = _JUDGE.sub("", cell.source).split("\nfrom course import checks\nwith checks.graded(")[0]
+            found += [(name, probe, judge) for name in re.findall(r'checks\.judged\("(\w+)"\)', cell.source)]
+    return found
+
+
+def test_every_graded_cell_is_judged_and_judges_import_only_data_modules(nb):
+    """Each graded test cell runs a probe and a judge; a judge imports nothing that needs the learner's state."""
+    judged = _judged_cells(nb)
+    assert sorted(name for name, _, _ in judged) == sorted(
+        test.removeprefix("test_") for tests in GRADED.values() for test in tests)
+    for name, probe, judge in judged:
+        assert f"def __probe_{name}(" in probe and "__judge_" not in probe, name
+        tree = ast.parse(judge)
+        assert [f.name for f in tree.body if isinstance(f, ast.FunctionDef)] == [f"__judge_{name}"], name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module if node.module != "course" else f"course.{a.name}" for a in node.names]
+            else:
+                continue
+            for module in modules:
+                assert module in _ALLOWED or module.split(".")[0] in {"torch", "numpy", "math", "numbers"}, \
+                    f"__judge_{name} imports {module}"
+
+
+def test_judges_decide_from_the_observations_alone(nb):
+    """As under the course's grader: the probe runs in the notebook's namespace (setup and solution cells), its
+    observations cross as JSON, and the judge runs from its own source in a namespace of its own, and passes."""
+    ns: dict = {"__name__": "__main__"}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and (grade_id(cell) == "setup" or nbgrader_meta(cell).get("solution")):
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(cell.source, ns)  # noqa: S102 - the course's own cells
+    for name, probe, judge in _judged_cells(nb):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # fit's tqdm bars
+            exec(probe, ns)  # noqa: S102
+            text = observe.dumps(ns[f"__probe_{name}"]())
+        clean: dict = {"__name__": "judge"}
+        exec(judge, clean)  # noqa: S102
+        clean[f"__judge_{name}"](observe.loads(text))
 
 
 # ---------------------------------------------------------------- on a real GPU (make test-gpu)

@@ -95,6 +95,44 @@ import statistics
         "times calls with perf_counter and no sync: on a GPU that measures kernel launches"),
     Variant("compile_report", "diff_as_tensor", True, _report((".abs().max().item()", ".abs().max()")),
             "max_abs_diff left as a 0-d tensor, not a Python float"),
+    Variant("compile_report", "autograd_on", True, _report(
+        ("    with torch.no_grad():  # we measure inference\n", "    if True:  # autograd stays on\n")),
+        "measures with autograd on: the timed calls and the compile are those of a training forward, not inference"),
+    Variant("compile_report", "compiled_with_autograd", True, _report(
+        ("        eager_ms = ms_per_call(model)\n\n",
+         "        eager_ms = ms_per_call(model)\n    if True:  # autograd on for the compiling call\n"),
+        ("        compiled_ms = ms_per_call(compiled)", "        with torch.no_grad():\n"
+                                                      "            compiled_ms = ms_per_call(compiled)")),
+        "eager measured without gradients, but the first compiled call (the compile time) made with autograd on"),
+    Variant("compile_report", "grad_off_globally", True, _report(
+        ("    with torch.no_grad():  # we measure inference\n",
+         "    torch.set_grad_enabled(False)  # we measure inference\n    if True:\n")),
+        "switches autograd off for the whole process and never back on: later training in the notebook breaks"),
+    Variant("compile_report", "signed_diff", True, _report((".abs().max().item()", ".max().item()")),
+            "the largest signed difference: an output far below eager is missed"),
+    Variant("compile_report", "signed_diff_reversed", True, _report(
+        ("(got.float() - expected.float()).abs().max()", "(expected.float() - got.float()).max()")),
+        "eager minus compiled, signed: an output far above eager is missed"),
+    Variant("compile_report", "abs_of_signed_max", True, _report((".abs().max().item()", ".max().abs().item()")),
+            "the absolute value of the largest signed difference, not the largest absolute difference"),
+    Variant("compile_report", "shared_report_dict", True, _report(
+        ("def compile_report(", "_REPORT = {}\n\n\ndef compile_report("),
+        ("    return {\n", "    _REPORT.update({\n"),
+        ('        "max_abs_diff": diff,\n    }\n', '        "max_abs_diff": diff,\n    })\n    return _REPORT\n')),
+        "one dict updated by every call: a report kept from an earlier call changes under the learner's feet"),
+    Variant("compile_report", "inference_mode", False, _report(
+        ("    with torch.no_grad():  # we measure inference",
+         "    with torch.inference_mode():  # we measure inference")),
+        "torch.inference_mode() instead of no_grad: inference too, and the grad mode comes back afterwards"),
+    Variant("compile_report", "reference_with_autograd", False, _report(
+        ("    with torch.no_grad():  # we measure inference\n        expected = model(example_input)\n",
+         "    expected = model(example_input).detach()  # the reference output is not a measurement\n"
+         "    with torch.no_grad():  # we measure inference\n")),
+        "computes the eager reference with autograd on (then detached): every measured call is still inference"),
+    Variant("compile_report", "diff_in_float64", False, _report(
+        ("(got.float() - expected.float()).abs().max().item()",
+         "(got.double() - expected.double()).abs().max().item()")),
+        "the difference in float64: the same largest absolute difference"),
     Variant("compile_report", "eval_mode_first", False, _report(
         ("    dev = example_input.device\n",
          "    dev = example_input.device\n    model.eval()  # inference mode for dropout and batch norm\n")),
@@ -161,6 +199,25 @@ def compile_report(model, example_input, iters=20):
     Variant("safe_compile", "kwargs_dropped", True, _safe(
         ("compiled = torch.compile(model, **compile_kwargs)", "compiled = torch.compile(model)")),
             "mode= and the other options never reach torch.compile"),
+    Variant("safe_compile", "catches_runtime_error_only", True, _safe(
+        ("    except Exception as error:", "    except RuntimeError as error:")),
+        "catches RuntimeError only: a compile that fails with another exception still kills the run"),
+    Variant("safe_compile", "warning_text_only", True, _safe((': {type(error).__name__}: {error}"', ': {error}"')),
+            "the warning gives the exception's text but not its type"),
+    Variant("safe_compile", "reuses_first_compiled", True, _safe(
+        ("def safe_compile(", "_COMPILED = []\n\n\ndef safe_compile("),
+        ("        compiled = torch.compile(model, **compile_kwargs)\n",
+         "        if not _COMPILED:  # compile once, reuse it\n"
+         "            _COMPILED.append(torch.compile(model, **compile_kwargs))\n"
+         "        compiled = _COMPILED[0]\n")),
+        "keeps the first compiled model and returns it for every later model"),
+    Variant("safe_compile", "traceback_line_in_warning", False, _safe(
+        ("    except Exception as error:  # whatever went wrong, the model still runs eagerly\n",
+         "    except Exception as error:  # whatever went wrong, the model still runs eagerly\n"
+         "        import traceback\n\n"),
+        (_WARN, 'warnings.warn("compiling failed, eager fallback: "\n'
+                '                      + "".join(traceback.format_exception_only(type(error), error)).strip())')),
+        "the warning is traceback's own last line ('RuntimeError: ...'), as a UserWarning: type and text, so correct"),
     Variant("safe_compile", "first_call_without_gradients", False, _safe(
         ("        compiled(example_input)  #",
          "        with torch.no_grad():\n            compiled(example_input)  #")),
@@ -235,6 +292,51 @@ def safe_compile(model, example_input, **compile_kwargs):
         ("            with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n                loss",
          '            with torch.autocast("cuda", dtype=dtype, enabled=use_autocast):\n                loss')),
         'autocast("cuda") whatever the device: on a CPU it does nothing, so precision is silently fp32'),
+    Variant("fit", "loss_mean_of_batch_means", True, _fit(
+        ("loss_sum += loss.detach().float() * targets.shape[0]", "loss_sum += loss.detach().float()"),
+        ("loss_sum.item() / seen", "loss_sum.item() / len(train_loader)")),
+        "the epoch's loss as the mean of the batch means: a short last batch weighs as much as a full one"),
+    Variant("fit", "accuracy_mean_of_batch_accuracies", True, _fit(
+        ("correct, total = torch.zeros((), dtype=torch.long, device=device), 0",
+         "correct, total = torch.zeros((), device=device), 0"),
+        ("correct += (runner(inputs).argmax(dim=1) == targets).sum()",
+         "correct += (runner(inputs).argmax(dim=1) == targets).float().mean()"),
+        ("                total += targets.shape[0]\n", "                total += 1\n")),
+        "validation accuracy as the mean of the batches' accuracies: wrong when the last batch is short"),
+    Variant("fit", "grad_off_after_validation", True, _fit(
+        ("        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n",
+         "        torch.set_grad_enabled(False)  # validation needs no gradients\n"
+         "        with torch.autocast(device.type, dtype=dtype, enabled=use_autocast):\n"),
+        ("        model.train()\n        loss_sum", "        model.train()\n        torch.set_grad_enabled(True)\n"
+                                               "        loss_sum")),
+        "switches autograd off for validation and on again only when the next epoch starts: after fit it stays off"),
+    Variant("fit", "shared_history", True, _fit(
+        ("def fit(", "_HISTORY = {}\n\n\ndef fit("),
+        ('    history = {"train_loss": [], "val_accuracy": [], "samples_per_s": [], "precision": name, '
+         '"compiled": compiled}',
+         '    history = _HISTORY  # one history, emptied by each call\n'
+         '    history.clear()\n'
+         '    history.update({"train_loss": [], "val_accuracy": [], "samples_per_s": [], "precision": name,\n'
+         '                    "compiled": compiled})')),
+        "one history dict reused by every call: the history an earlier call returned is wiped by the next call"),
+    Variant("fit", "precision_error_without_value", True, _fit(
+        ('raise ValueError(f"precision={precision!r}: use', 'raise ValueError("unknown precision: use')),
+        "raises ValueError for an unknown precision, but does not say which value it got"),
+    Variant("fit", "validates_with_the_eager_model", True, _fit(
+        ("correct += (runner(inputs).argmax(dim=1)", "correct += (model(inputs).argmax(dim=1)")),
+        "trains the compiled model but validates the eager one: validation never runs the compiled code"),
+    Variant("fit", "loss_running_mean", False, _fit(
+        ("            loss_sum += loss.detach().float() * targets.shape[0]\n            seen += targets.shape[0]\n",
+         "            seen += targets.shape[0]\n"
+         "            loss_sum += (loss.detach().float() - loss_sum) * targets.shape[0] / seen  # running mean\n"),
+        ("loss_sum.item() / seen", "loss_sum.item()")),
+        "a running mean per sample, updated batch by batch: the same per-sample mean"),
+    Variant("fit", "accuracy_counted_on_host", False, _fit(
+        ("correct, total = torch.zeros((), dtype=torch.long, device=device), 0", "correct, total = 0, 0"),
+        ("correct += (runner(inputs).argmax(dim=1) == targets).sum()",
+         "correct += int((runner(inputs).argmax(dim=1) == targets).sum())"),
+        ("100.0 * correct.item() / total", "100.0 * correct / total")),
+        "counts correct predictions as Python ints (one sync per validation batch): the same accuracy"),
     Variant("fit", "item_every_step", False, _fit(
         ("loss_sum, seen = torch.zeros((), device=device), 0", "loss_sum, seen = 0.0, 0"),
         ("loss_sum += loss.detach().float() * targets.shape[0]", "loss_sum += loss.item() * targets.shape[0]"),
