@@ -53,6 +53,7 @@ def _leave_group_open(rank):
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
+    dist.barrier()  # both ranks connected: a rank that returns first would close the other's half-built mesh
     return dist.get_world_size()
 
 
