@@ -171,7 +171,12 @@ class Ranks:
         if self._procs:
             self._stop_now()  # a worker died since the last job: start them all again
         self._folder = tempfile.TemporaryDirectory(prefix="ranks-")
-        env, code = self._env(), "import sys; from course.distributed import _serve; _serve(int(sys.argv[1]))"
+        # SIGINT is the notebook's interrupt, meant for its kernel; the course's grader sends it to the kernel's
+        # children too. Ignored from the first line, an idle worker survives it, and the next job finds it alive
+        # (an interrupt during a job still stops the workers: `run` kills them).
+        env = self._env()
+        code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "from course.distributed import _serve; _serve(int(sys.argv[1]))")
         for rank in range(self.world_size):
             ours, theirs = socket.socketpair()
             log = Path(self._folder.name) / f"rank{rank}.log"

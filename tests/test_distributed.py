@@ -53,6 +53,7 @@ def _leave_group_open(rank):
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
+    dist.barrier()  # both ranks connected: a rank that returns first would close the other's half-built mesh
     return dist.get_world_size()
 
 
@@ -128,6 +129,20 @@ def test_a_worker_that_dies_is_reported_and_replaced(group):
     results = group.run(_die_on_rank1, timeout=30)
     assert results[0].ok and not results[1].ok and "died" in results[1].error
     assert group.values(_whoami)[1][0] == 1 and group.starts == starts + 1
+
+
+def test_an_interrupt_of_the_notebook_leaves_idle_workers_alive(group):
+    """Issue #22: the course's grader interrupts a cell past its time limit with SIGINT to the kernel and its
+    children. Idle workers ignore it, so the next job (a later test cell) runs in them instead of finding them dying."""
+    import signal
+
+    pids = [r.value[4] for r in group.run(_whoami)]
+    starts = group.starts
+    for pid in pids:
+        os.kill(pid, signal.SIGINT)
+    results = group.run(_whoami)
+    assert all(r.ok for r in results), _said(results)
+    assert [r.value[4] for r in results] == pids and group.starts == starts
 
 
 def test_a_port_taken_before_rank0_binds_it_is_retried(group, monkeypatch):

@@ -160,6 +160,31 @@ def test_the_cures_fit_what_did_not(lessons):
     assert ns["sweep"]([128])[0] is None and ns["sweep"]([128], ns["CheckpointedMLP"])[0] is not None
 
 
+def test_accumulation_weights_uneven_micro_batches_by_their_size(lessons):
+    """Lesson 4's correction: micro-batches of 8, 8, 8 and 2 give the whole batch's update and per-sample mean loss;
+    dividing by their number (right for equal sizes) would not."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    whole = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    whole.load_state_dict(model.state_dict())
+    x, y = torch.randn(26, 5), torch.randint(0, 3, (26,))
+    loss = nn.functional.cross_entropy(whole(x), y)
+    loss.backward()
+    torch.optim.SGD(whole.parameters(), lr=0.5).step()
+    sizes = [8, 8, 8, 2]
+    got = lessons["accumulation_step"](model, list(zip(x.split(sizes), y.split(sizes), strict=True)),
+                                       torch.optim.SGD(model.parameters(), lr=0.5),
+                                       torch.amp.GradScaler("cpu", enabled=False), nn.functional.cross_entropy, "cpu",
+                                       torch.float32)
+    assert got == pytest.approx(loss.item(), rel=1e-5)
+    for p, q in zip(model.parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    means = [nn.functional.cross_entropy(whole(a), b).item() for a, b in zip(x.split(sizes), y.split(sizes),
+                                                                             strict=True)]
+    assert abs(sum(means) / len(means) - nn.functional.cross_entropy(whole(x), y).item()) > 1e-3, \
+        "the example must tell the per-sample mean from the mean of the micro-batch means"
+
+
 def test_lesson_6_each_cure_lowers_the_peak(lessons):
     """AMP, accumulation and checkpointing lower the peak; set_to_none=False keeps more between steps."""
     step_peak = lessons["step_peak"]

@@ -76,6 +76,12 @@ VARIANTS = [
          "dist.init_process_group(backend or (\"nccl\" if device.type == \"cuda\" else \"gloo\"),\n"
          "                                init_method=\"env://\", rank=rank, world_size=world_size)")),
         "chooses the backend from the device, with the default init_method spelt out"),
+    Variant("init_distributed", "empty_means_default", True,
+            _init(("text = os.environ.get(name, str(default))", "text = os.environ.get(name) or str(default)")),
+            "an empty variable (LOCAL_RANK=) silently becomes the default instead of an error naming it"),
+    Variant("init_distributed", "no_set_device", True,
+            _init(("        torch.cuda.set_device(local_rank)  # each process of a machine on its own GPU\n", "")),
+            "never makes cuda:LOCAL_RANK current: every process of a machine works on GPU 0"),
 
     # ---- all_reduce_mean ----------------------------------------------------------------------------------------
     Variant("all_reduce_mean", "sum_not_mean", True,
@@ -104,6 +110,13 @@ VARIANTS = [
          "    values = [None] * dist.get_world_size()\n    dist.all_gather_object(values, float(value))\n"
          "    return sum(values) / len(values)")),
         "gathers every rank's Python float and averages them (slower, but right)"),
+    Variant("all_reduce_mean", "returns_the_value_without_a_group", True,
+            _mean(("        return float(value)\n", "        return value\n")),
+            "without a group returns the value itself (a tensor stays a tensor), not float(value)"),
+    Variant("all_reduce_mean", "as_tensor", False,
+            _mean(("total = torch.tensor(float(value), dtype=torch.float64,",
+                   "total = torch.as_tensor(float(value), dtype=torch.float64,")),
+            "as_tensor of a Python float makes a new tensor too"),
 
     # ---- shard_loader -------------------------------------------------------------------------------------------
     Variant("shard_loader", "sampler_without_rank", True,
@@ -127,6 +140,12 @@ VARIANTS = [
                     ("DataLoader(dataset, batch_size=batch_size, sampler=sampler)",
                      "DataLoader(dataset, batch_size, shuffle=False, sampler=sampler, num_workers=0)")),
             "positional arguments and the defaults spelt out"),
+    Variant("shard_loader", "worker_processes", True,
+            _loader(("sampler=sampler)", "sampler=sampler, num_workers=1)")),
+            "loads the batches in a worker process, which the contract rules out (a test's dataset must be read here)"),
+    Variant("shard_loader", "drops_the_last_batch", True,
+            _loader(("sampler=sampler)", "sampler=sampler, drop_last=True)")),
+            "drops the short last batch: samples of the shard are never trained on"),
 
     # ---- save_on_rank0 ------------------------------------------------------------------------------------------
     Variant("save_on_rank0", "every_rank_saves", True, _save(("    if wrote:\n        torch.save(state, path)\n",
@@ -153,6 +172,11 @@ VARIANTS = [
             _save(("    if dist.is_available() and dist.is_initialized():\n        dist.barrier()",
                    "    if dist.is_initialized() and dist.get_world_size() >= 1:\n        dist.barrier()")),
             "another way to ask whether there is a group to wait for"),
+    Variant("save_on_rank0", "all_reduce_as_barrier", False,
+            _save(("        dist.barrier()  # every rank, rank 0 included: the others wait here until the file is "
+                   "complete",
+                   "        dist.all_reduce(torch.zeros(1))  # any collective makes every rank wait for the others")),
+            "a collective that every rank joins synchronises them as a barrier does: the outcome is the same"),
 
     # ---- train_ddp ----------------------------------------------------------------------------------------------
     Variant("train_ddp", "forgets_set_epoch", True,
@@ -189,4 +213,17 @@ VARIANTS = [
         ("            loader.sampler.set_epoch(epoch)", "            sampler = loader.sampler\n"
                                                        "            sampler.set_epoch(epoch)")),
         "ddp.module is the wrapped model; the sampler through a variable"),
+    Variant("train_ddp", "per_sample_epoch_loss", True,
+            _train(("                total += loss.item()\n                batches += 1\n",
+                    "                total += loss.item() * len(inputs)\n                batches += len(inputs)\n")),
+            "the epoch's loss as a mean over samples: differs from the promised mean of batch losses when the last "
+            "batch is short"),
+    Variant("train_ddp", "zero_grad_once_per_epoch", True,
+            _train(("                optimizer.zero_grad(set_to_none=True)\n", ""),
+                   ("            total, batches = 0.0, 0\n",
+                    "            total, batches = 0.0, 0\n            optimizer.zero_grad(set_to_none=True)\n")),
+            "gradients pile up over the batches of an epoch"),
+    Variant("train_ddp", "optimizer_over_the_model", False,
+            _train(("torch.optim.SGD(ddp.parameters(), lr=lr)", "torch.optim.SGD(model.parameters(), lr=lr)")),
+            "DDP's parameters are the wrapped model's: the same tensors"),
 ]

@@ -38,6 +38,8 @@ _STEP_ONCE = """    scaler.step(optimizer)  # one step and one update per effect
     scaler.update()
 """
 _BACKWARD = "        scaler.scale(loss).backward()  # gradients add up in .grad\n"
+_WEIGHTED = ("            loss = loss_fn(model(inputs), targets) * (len(inputs) / samples)  # its share of the "
+             "effective batch\n")
 _ZERO = "    optimizer.zero_grad(set_to_none=True)  # once per effective batch, never between micro-batches\n"
 
 VARIANTS = [
@@ -64,6 +66,19 @@ VARIANTS = [
             _tm(("element = torch.empty((), dtype=dtype).element_size()",
                  "element = (torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits) // 8")),
             "bits / 8 from finfo gives the element size too"),
+    Variant("training_memory", "counts_each_use_of_a_shared_layer", True,
+            _tm(("params = list(model.parameters())",
+                 "params = [p for _, p in model.named_parameters(remove_duplicate=False)]")),
+            "lists a layer used twice twice (model.parameters() lists it once)"),
+    Variant("training_memory", "counts_buffers_as_weights", True,
+            _tm(("params = list(model.parameters())", "params = list(model.parameters()) + list(model.buffers())")),
+            "counts BatchNorm's running statistics as parameters"),
+    Variant("training_memory", "converts_the_model", True,
+            _tm(("params = list(model.parameters())", "params = list(model.to(dtype).parameters())")),
+            "converts the learner's model to dtype to count it: state left behind"),
+    Variant("training_memory", "named_parameters", False,
+            _tm(("params = list(model.parameters())", "params = [p for _, p in model.named_parameters()]")),
+            "named_parameters lists every parameter once too"),
     # ---- peak_memory ------------------------------------------------------------------------------------------------
     Variant("peak_memory", "no_reset", True, _peak((_RESET, "")),
             "reads the peak since the start (or the last reset elsewhere), not the peak of fn"),
@@ -85,6 +100,12 @@ VARIANTS = [
             _peak(("return torch.cuda.max_memory_allocated(device)",
                    'return torch.cuda.memory_stats(device)["allocated_bytes.all.peak"]')),
             "memory_stats holds the same peak"),
+    Variant("peak_memory", "warm_up_call", True,
+            _peak((_RESET, "    fn()  # a warm-up call\n" + _RESET)),
+            "calls fn twice (a warm-up first): the contract is one call"),
+    Variant("peak_memory", "device_type_by_string", False,
+            _peak(('if device.type != "cuda":', 'if not str(device).startswith("cuda"):')),
+            "the device's string form starts with its type"),
     # ---- find_max_batch ---------------------------------------------------------------------------------------------
     Variant("find_max_batch", "catches_every_exception", True,
             _search(("except torch.cuda.OutOfMemoryError:", "except Exception:")),
@@ -121,11 +142,28 @@ def find_max_batch(try_batch, start=1, limit=4096) -> int:
     Variant("find_max_batch", "torch_out_of_memory_error", False,
             _search(("except torch.cuda.OutOfMemoryError:", "except torch.OutOfMemoryError:")),
             "torch.OutOfMemoryError is the same class"),
+    Variant("find_max_batch", "never_tries_the_limit", True,
+            _search(("    while bad is None and good < limit:\n        size = min(2 * good, limit)\n",
+                     "    while bad is None and 2 * good <= limit:\n        size = 2 * good\n")),
+            "doubles only while the double is within the limit: limit itself is never tried (boundary)"),
+    Variant("find_max_batch", "bisection_stops_one_early", True,
+            _search(("    while bad - good > 1:", "    while bad - good > 2:")),
+            "stops bisecting with a gap of two: may miss the largest size by one"),
+    Variant("find_max_batch", "upper_midpoint", False,
+            _search(("middle = (good + bad) // 2", "middle = (good + bad + 1) // 2")),
+            "rounding the midpoint up is another correct bisection"),
     # ---- accumulation_step ------------------------------------------------------------------------------------------
     Variant("accumulation_step", "loss_not_divided", True,
-            _acc(("loss = loss_fn(model(inputs), targets) / count", "loss = loss_fn(model(inputs), targets)"),
-                 ("return float(total)", "return float(total) / count")),
+            _acc((" * (len(inputs) / samples)  # its share of the effective batch", ""),
+                 ("return float(total)", "return float(total) / len(micro_batches)")),
             "sums the micro-batch gradients: an update count times too large"),
+    Variant("accumulation_step", "divides_by_the_number_of_micro_batches", True,
+            _acc(("* (len(inputs) / samples)", "/ len(micro_batches)")),
+            "right for equal micro-batches only: an uneven last micro-batch gets the weight of a full one"),
+    Variant("accumulation_step", "returns_the_mean_of_micro_batch_means", True,
+            _acc(("        total = total + loss.detach()\n",
+                  "        total = total + loss.detach() * samples / len(inputs) / len(micro_batches)\n")),
+            "the update is right, but the loss returned is the mean of the micro-batch means, not per sample"),
     Variant("accumulation_step", "steps_every_micro_batch", True,
             _acc((_STEP_ONCE, ""),
                  (_BACKWARD, _BACKWARD + "        scaler.step(optimizer)\n        scaler.update()\n")),
@@ -138,13 +176,10 @@ def find_max_batch(try_batch, start=1, limit=4096) -> int:
             _acc(("optimizer.zero_grad(set_to_none=True)", "optimizer.zero_grad()")),
             "zero_grad() without set_to_none keeps zero-filled tensors on optimizers that default to it"),
     Variant("accumulation_step", "backward_inside_autocast", True,
-            _acc((_BACKWARD, ""), ("            loss = loss_fn(model(inputs), targets) / count  # the mean over the "
-                                   "effective batch\n",
-                                   "            loss = loss_fn(model(inputs), targets) / count\n"
-                                   "            scaler.scale(loss).backward()\n")),
+            _acc((_BACKWARD, ""), (_WEIGHTED, _WEIGHTED + "            scaler.scale(loss).backward()\n")),
             "runs backward inside the autocast block"),
     Variant("accumulation_step", "returns_last_loss", True,
-            _acc(("return float(total)", "return loss.item() * count")),
+            _acc(("return float(total)", "return loss.item() * samples / len(inputs)")),
             "returns the last micro-batch's loss, not the mean"),
     Variant("accumulation_step", "item_per_micro_batch", False,
             _acc(("total = total + loss.detach()", "total = total + loss.item()")),
@@ -152,6 +187,14 @@ def find_max_batch(try_batch, start=1, limit=4096) -> int:
     Variant("accumulation_step", "grads_set_to_none_by_hand", False,
             _acc((_ZERO, "    for p in model.parameters():\n        p.grad = None\n")),
             "setting .grad to None by hand is what zero_grad(set_to_none=True) does"),
+    Variant("accumulation_step", "sample_count_from_shape", False,
+            _acc(("samples = sum(len(inputs) for inputs, _ in micro_batches)",
+                  "samples = sum(targets.shape[0] for _, targets in micro_batches)"),
+                 ("* (len(inputs) / samples)", "* targets.shape[0] / samples")),
+            "the targets' first dimension counts the same samples"),
+    Variant("accumulation_step", "sum_then_divide", False,
+            _acc(("* (len(inputs) / samples)", "* len(inputs) / samples")),
+            "the same weight, computed in another order"),
     # ---- CheckpointedMLP --------------------------------------------------------------------------------------------
     Variant("CheckpointedMLP", "use_reentrant_true", True,
             _ckpt(("use_reentrant=False", "use_reentrant=True")),
@@ -175,6 +218,10 @@ class CheckpointedMLP(nn.Module):
             return x
         return checkpoint(run, x, use_reentrant=False) if self.training else run(x)
 ''', "one checkpoint around the whole stack: the backward pass recomputes everything at once"),
+    Variant("CheckpointedMLP", "every_other_block", True,
+            _ckpt(("for block in self.blocks:", "for i, block in enumerate(self.blocks):"),
+                  ("if self.training:", "if self.training and i % 2 == 0:")),
+            "checkpoints only some blocks: the others keep their activations"),
     Variant("CheckpointedMLP", "only_when_grad_is_enabled", False,
             _ckpt(("if self.training:", "if self.training and torch.is_grad_enabled():")),
             "under no_grad nothing is saved anyway, so skipping the checkpoint there is fine"),
@@ -182,4 +229,8 @@ class CheckpointedMLP(nn.Module):
             _ckpt(("x = checkpoint(block, x, use_reentrant=False)",
                    "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")),
             "the same function, by its full name"),
+    Variant("CheckpointedMLP", "no_rng_state", False,
+            _ckpt(("x = checkpoint(block, x, use_reentrant=False)",
+                   "x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)")),
+            "the blocks draw no random numbers: not preserving the RNG state changes nothing"),
 ]
