@@ -67,8 +67,34 @@ def _exec(source: str, ns: dict, label: str) -> None:
         exec(code, ns)  # noqa: S102 - running the course's own notebook cells is the point
 
 
+@contextlib.contextmanager
+def _torch_state():
+    """torch's process-wide switches as they were: a variant that leaves gradients off (or another default dtype, or
+    determinism on) must not fail the variants that run after it in this process, as it could not under nbgrader
+    (one fresh kernel per notebook)."""
+    import torch
+
+    saved = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.get_num_threads())
+    try:
+        yield
+    finally:
+        grad, dtype, deterministic, benchmark, cudnn_deterministic, threads = saved
+        torch.set_grad_enabled(grad)
+        torch.set_default_dtype(dtype)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, cudnn_deterministic
+        torch.set_num_threads(threads)
+
+
 def run_function_tests(notebook: Path, function: str, replacement: str | None = None) -> list[CellResult]:
-    """Execute setup + solution cells (with `replacement` for `function`'s cell), then `function`'s test cells."""
+    """Execute setup + solution cells (with `replacement` for `function`'s cell), then `function`'s test cells, with
+    torch's process-wide switches put back afterwards."""
+    with _torch_state():
+        return _run_function_tests(notebook, function, replacement)
+
+
+def _run_function_tests(notebook: Path, function: str, replacement: str | None) -> list[CellResult]:
     nb = read(notebook)
     ns: dict = {"__name__": "__main__"}
     for cell in nb.cells:

@@ -86,7 +86,8 @@ VARIANTS = [
     Variant("make_loader", "string_prefix_and_multiprocessing", False, _loader(
         ("    device = torch.device(device)\n", ""),
         (_PIN, 'pin_memory=str(device).startswith("cuda")'),
-        ("(os.cpu_count() or 1)", "__import__('multiprocessing').cpu_count()")),
+        ("    if num_workers is None:\n", "    import multiprocessing\n\n    if num_workers is None:\n"),
+        ("(os.cpu_count() or 1)", "multiprocessing.cpu_count()")),
             "the device's name read as a string, and multiprocessing.cpu_count() (which asks os.cpu_count())"),
 
     # ---------------------------------------------------------------- to_device
