@@ -192,10 +192,13 @@ VARIANTS = [
         "        loss.backward()\n"
         "        optimizer.step()\n")),
         "skips a disabled scaler and steps the optimizer itself: the same outcome, so full marks (issue #22)"),
-    Variant("amp_train_step", "grad_mode_left_off", True, _step((
-        "    return loss.item()", "    torch.set_grad_enabled(False)  # nothing left to differentiate\n"
+    Variant("amp_train_step", "grad_mode_left_off", True, _step(
+        ("    optimizer.zero_grad(set_to_none=True)\n",
+         "    torch.set_grad_enabled(True)\n    optimizer.zero_grad(set_to_none=True)\n"),
+        ("    return loss.item()", "    torch.set_grad_enabled(False)  # nothing left to differentiate\n"
                                  "    return loss.item()")),
-        "switches autograd off globally and leaves it off: the next step cannot train"),
+        "switches autograd on for itself and leaves it off when it returns: its own next step works, any other "
+        "training code after it cannot (the visible checks pass it; only the judge sees the state left behind)"),
     Variant("amp_train_step", "model_cast_to_dtype", True, _step((
         "    optimizer.zero_grad(set_to_none=True)\n",
         "    model.to(dtype)\n    optimizer.zero_grad(set_to_none=True)\n")),
