@@ -314,6 +314,110 @@ def test_the_warning_variant_really_warns():
     assert any("autocast" in str(w.message) for w in caught), "the variant no longer warns: pick one that does"
 
 
+# ---- the hidden tests: probes observe, judges decide (issue #21) ------------------------------------------------
+def _hidden_parts(name: str) -> tuple[str, str]:
+    """The source of `__probe_<name>` and of `__judge_<name>`, as the notebook's test cells define them."""
+    import ast
+
+    import nbformat
+
+    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
+        if cell.cell_type != "code" or f"def __judge_{name}(" not in cell.source:
+            continue
+        found = {node.name: ast.get_source_segment(cell.source, node) for node in ast.parse(cell.source).body
+                 if isinstance(node, ast.FunctionDef)}
+        return found[f"__probe_{name}"], found[f"__judge_{name}"]
+    raise AssertionError(f"no test cell of {NOTEBOOK.name} defines __judge_{name}")
+
+
+JUDGED = ("amp_dtype", "make_scaler", "amp_train_step", "amp_train_step_scaler")
+# As the course's grader runs a judge: in a process of its own, from the observations' JSON text, with no learner
+# code and no simulated GPU. Reads [[name, judge source, observations text], ...] on stdin; prints one verdict a case.
+_JUDGES_ALONE = """
+import json, sys
+from course import observe
+verdicts = []
+for name, source, text in json.load(sys.stdin):
+    namespace = {}
+    exec(compile(source, "<judge>", "exec"), namespace)
+    try:
+        namespace["__judge_" + name](observe.loads(text))
+        verdicts.append("passed")
+    except AssertionError as failed:
+        verdicts.append(str(failed))
+print(json.dumps({"verdicts": verdicts, "modules": [m for m in ("course.simgpu", "course.amp") if m in sys.modules]}))
+"""
+
+
+def _observations(name: str, variant: str | None = None) -> str:
+    """The probe `name` run on the solution (or on a catalogue variant): its observations, as the grader gets them."""
+    import contextlib
+    import io
+
+    from course import observe
+    from tests.harness import named_variant
+
+    ns: dict = {"torch": torch, "nn": nn, "__name__": "__main__"}
+    for function in ("amp_dtype", "make_scaler", "amp_train_step"):
+        source = solution_cell("04-amp/amp.ipynb", function)
+        if variant is not None:
+            [v] = named_variant("amp", variant)
+            source = v.source if v.function == function else source
+        exec(compile(source, f"<{function}>", "exec"), ns)  # noqa: S102 - the course's own cells
+    probe, _ = _hidden_parts(name)
+    exec(compile(probe, "<probe>", "exec"), ns)  # noqa: S102
+    with contextlib.redirect_stdout(io.StringIO()):
+        return observe.dumps(ns[f"__probe_{name}"]())
+
+
+def test_the_judges_decide_in_a_process_of_their_own_from_the_observations_alone():
+    """As under the course's grader: each judge, alone in a fresh process, passes the solution's observations and
+    fails a catalogue mistake's with one "✗ ... Fix: ..." line, having imported neither course.simgpu nor course.amp."""
+    import json
+    import subprocess
+    import sys
+
+    wrong = [("make_scaler", "growth_interval_disabled"), ("amp_train_step_scaler", "optimizer_step_directly")]
+    cases = [(name, None) for name in JUDGED] + wrong
+    payload = [[name, _hidden_parts(name)[1], _observations(name, variant)] for name, variant in cases]
+    done = subprocess.run([sys.executable, "-c", _JUDGES_ALONE], input=json.dumps(payload), text=True,
+                          capture_output=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["modules"] == [], f"a judge imported {result['modules']}: judges import only torch and course.checks"
+    for (name, variant), verdict in zip(cases, result["verdicts"], strict=True):
+        if variant is None:
+            assert verdict == "passed", f"the judge of {name} failed the solution: {verdict}"
+        else:
+            assert verdict.startswith("✗ ") and " Fix: " in verdict, f"{name} on {variant}: {verdict}"
+
+
+def test_the_judges_alone_catch_every_mistake_of_the_catalogue(tmp_path: Path):
+    """Issue #21: the visible checks run in the learner's kernel and cannot be trusted, so the judges must decide
+    every promise by themselves. With the visible checks not called, every wrong variant still fails a test cell and
+    every correct one passes them all."""
+    import json
+
+    from tests.harness import load_catalogue, run_function_tests
+
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "checks.judged(" in source:
+            blind = re.sub(r"(with checks\.graded\([^)]*\):\n)    __check_\w+\(\)\n", r"\1    pass\n", source)
+            assert blind != source, "the test cell's visible check is no longer called as `    __check_<name>()`"
+            cell["source"] = blind
+    notebook = tmp_path / "04-amp" / "amp.ipynb"
+    notebook.parent.mkdir()
+    notebook.write_text(json.dumps(nb), encoding="utf-8")
+    wrongly = []
+    for v in load_catalogue(ROOT / "tests" / "mutations" / "amp.py"):
+        caught = not all(r.passed for r in run_function_tests(notebook, v.function, v.source))
+        if caught != v.wrong:
+            wrongly.append(f"{v.function}/{v.name} ({'wrong, passed' if v.wrong else 'correct, failed'})")
+    assert not wrongly, "judged wrongly without the visible checks: " + ", ".join(wrongly)
+
+
 # ---- on a real GPU ----------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_amp_dtype_and_a_step_on_the_real_gpu():

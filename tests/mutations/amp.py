@@ -57,6 +57,12 @@ VARIANTS = [
         ("    device = torch.device(device)\n",
          "    device = device if isinstance(device, torch.device) else torch.device(device)\n")),
         "reads the capability from the device properties"),
+    Variant("amp_dtype", "strict_boundary", True, _dtype((">= (8, 0)", "> (8, 0)")),
+            "a boundary on the wrong side: the A100 (exactly 8.0) gets fp16"),
+    Variant("amp_dtype", "table_of_types", False, _dtype((
+        '    if device.type == "mps":\n        return torch.float16\n    return torch.bfloat16',
+        '    return {"mps": torch.float16}.get(device.type, torch.bfloat16)')),
+        "a lookup table for the devices that are not CUDA"),
 
     # ---- make_scaler ----------------------------------------------------------------------------------------------
     Variant("make_scaler", "enabled_unless_fp32", True, _scaler(("dtype == torch.float16", "dtype != torch.float32")),
@@ -75,6 +81,45 @@ VARIANTS = [
         "torch.amp.GradScaler(device.type if isinstance(device, torch.device) else torch.device(device).type,\n"
         "                                init_scale=2.0 ** 16, enabled=dtype is torch.float16)")),
         "the same scaler, spelt differently"),
+    Variant("make_scaler", "growth_interval_disabled", True, _scaler((
+        "enabled=(dtype == torch.float16)", "growth_interval=2**31 - 1, enabled=(dtype == torch.float16)")),
+        "growth switched off by an endless interval: the scale never recovers after it falls"),
+    Variant("make_scaler", "growth_factor_near_one", True, _scaler((
+        "enabled=(dtype == torch.float16)", "growth_factor=1.0 + 2**-20, enabled=(dtype == torch.float16)")),
+        "growth all but switched off (GradScaler refuses a factor of exactly 1): the scale never grows back"),
+    Variant("make_scaler", "growth_factor_four", True, _scaler((
+        "enabled=(dtype == torch.float16)", "growth_factor=4.0, enabled=(dtype == torch.float16)")),
+        "the scale quadruples after 2 000 clean steps instead of doubling"),
+    Variant("make_scaler", "growth_interval_short", True, _scaler((
+        "enabled=(dtype == torch.float16)", "growth_interval=1000, enabled=(dtype == torch.float16)")),
+        "the scale grows after 1 000 clean steps, not the documented 2 000"),
+    Variant("make_scaler", "backoff_quarter", True, _scaler((
+        "enabled=(dtype == torch.float16)", "backoff_factor=0.25, enabled=(dtype == torch.float16)")),
+        "the scale falls to a quarter after a skipped step, not to half"),
+    Variant("make_scaler", "small_init_scale", True, _scaler((
+        "enabled=(dtype == torch.float16)", "init_scale=2.0**10, enabled=(dtype == torch.float16)")),
+        "the scale starts at 1 024, not at the documented 65 536"),
+    Variant("make_scaler", "cached_scaler", True, _scaler((
+        "    return torch.amp.GradScaler(torch.device(device).type, enabled=(dtype == torch.float16))",
+        "    made = make_scaler.__dict__.setdefault('made', {})\n"
+        "    key = (torch.device(device).type, dtype)\n"
+        "    if key not in made:\n"
+        "        made[key] = torch.amp.GradScaler(key[0], enabled=(dtype == torch.float16))\n"
+        "    return made[key]")),
+        "caches the scaler: a second call returns the first scaler, with the scale its training left it at"),
+    Variant("make_scaler", "one_scaler_reused", True, _scaler((
+        "    return torch.amp.GradScaler(torch.device(device).type, enabled=(dtype == torch.float16))",
+        "    kind = torch.device(device).type\n"
+        "    scaler = make_scaler.__dict__.setdefault(kind, torch.amp.GradScaler(kind))\n"
+        "    scaler._enabled = dtype == torch.float16\n"
+        "    return scaler")),
+        "one scaler per device type, re-enabled on each call: a later call changes a scaler returned earlier"),
+    Variant("make_scaler", "documented_defaults_spelt_out", False, _scaler((
+        "torch.amp.GradScaler(torch.device(device).type, enabled=(dtype == torch.float16))",
+        "torch.amp.GradScaler(device=torch.device(device).type, init_scale=65536.0, growth_factor=2.0,\n"
+        "                                backoff_factor=0.5, growth_interval=2000,\n"
+        "                                enabled=bool(dtype == torch.float16))")),
+        "every documented default written out, the device as a keyword"),
 
     # ---- amp_train_step -------------------------------------------------------------------------------------------
     Variant("amp_train_step", "backward_inside_autocast", True, _step((
@@ -135,4 +180,27 @@ VARIANTS = [
          "torch.amp.autocast(device.type, dtype=dtype, enabled=dtype in (torch.float16, torch.bfloat16))"),
         ("return loss.item()", "return float(loss)")),
         "torch.amp.autocast, a generator for the copies, float(loss)"),
+    Variant("amp_train_step", "steps_directly_when_disabled", False, _step((
+        "    scaler.scale(loss).backward()  # outside autocast, on the scaled loss\n"
+        "    scaler.step(optimizer)  # unscales; skips the step if a gradient is inf or NaN\n"
+        "    scaler.update()  # lowers the scale after a skipped step, raises it after many good ones\n",
+        "    if scaler.is_enabled():\n"
+        "        scaler.scale(loss).backward()\n"
+        "        scaler.step(optimizer)\n"
+        "        scaler.update()\n"
+        "    else:  # a disabled scaler would only pass these calls through\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n")),
+        "skips a disabled scaler and steps the optimizer itself: the same outcome, so full marks (issue #22)"),
+    Variant("amp_train_step", "grad_mode_left_off", True, _step(
+        ("    optimizer.zero_grad(set_to_none=True)\n",
+         "    torch.set_grad_enabled(True)\n    optimizer.zero_grad(set_to_none=True)\n"),
+        ("    return loss.item()", "    torch.set_grad_enabled(False)  # nothing left to differentiate\n"
+                                 "    return loss.item()")),
+        "switches autograd on for itself and leaves it off when it returns: its own next step works, any other "
+        "training code after it cannot (the visible checks pass it; only the judge sees the state left behind)"),
+    Variant("amp_train_step", "model_cast_to_dtype", True, _step((
+        "    optimizer.zero_grad(set_to_none=True)\n",
+        "    model.to(dtype)\n    optimizer.zero_grad(set_to_none=True)\n")),
+        "casts the model to the 16-bit dtype: the master weights are no longer fp32"),
 ]
