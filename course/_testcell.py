@@ -156,11 +156,15 @@ def attempt(function: Any, *args: Any, **kwargs: Any) -> Any:
         return error
 
 
+try:  # bound at import, before any learner code runs: a later `IPython.display.display = ...` does not reach probes
+    from IPython.display import display as _display_data
+except ImportError:  # plain Python: no grader kernel either
+    _display_data = None
+
+
 def _emit(name: str, text: str) -> None:
     """One probe's observations, as a display output of the running test cell (read by the grader, then removed)."""
-    from IPython.display import display
-
-    display({observe.MIME: {"name": name, "observations": text}, "text/plain": f"[observations of {name}]"},
+    _display_data({observe.MIME: {"name": name, "observations": text}, "text/plain": f"[observations of {name}]"},
             raw=True)
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 __all__ = ["MIME", "Observed", "Opaque", "Raised", "Tensor", "decode", "dumps", "encode", "loads"]
 
+# Bound at import (before any learner code runs in a notebook): a later `json.dumps = ...` does not reach probes.
+_DUMPS, _LOADS = json.dumps, json.loads
 MIME = "application/vnd.gpu-course.observation+json"  # the display output that carries one probe's observations
 _TAG = "§"       # the key of a tagged value: {"§": kind, ...}; no check uses this character in its own keys
 _DEPTH = 32
@@ -130,12 +132,12 @@ def _tensor(x: Any, torch: Any) -> dict:
 
 def dumps(x: Any) -> str:
     """`encode(x)` as JSON text (NaN and infinities are tagged, so the text is strict JSON)."""
-    return json.dumps(encode(x), allow_nan=False)
+    return _DUMPS(encode(x), allow_nan=False)
 
 
 def loads(text: str) -> Any:
     """The value `dumps` wrote, built from data alone (`decode` of strict JSON)."""
-    return decode(json.loads(text, parse_constant=_refuse_constant))
+    return decode(_LOADS(text, parse_constant=_refuse_constant))
 
 
 def _refuse_constant(name: str) -> Any:
@@ -236,16 +238,28 @@ def _decode_size(data: dict) -> Any:
     return torch.Size(int(n) for n in data.get("v", ()))
 
 
+def _plain_dtype(name: Any) -> Any:
+    """The numpy dtype a probe can have sent (numbers, bools, strings); ValueError for anything else (object,
+    structured or sub-array dtypes such as "(10**9,)f8", which would build far more than the text holds)."""
+    import numpy as np
+
+    dtype = np.dtype(str(name))
+    if dtype.shape != () or dtype.fields is not None or dtype.kind not in "biufcUS":
+        raise ValueError(f"observations never hold an array of dtype {str(name)[:40]!r}")
+    return dtype
+
+
 def _decode_ndarray(data: dict) -> Any:
     import numpy as np
 
-    return np.asarray(_unplain(data.get("v")), dtype=np.dtype(str(data.get("dtype")))).reshape(data.get("shape"))
+    shape = [int(n) for n in data.get("shape", ())]
+    if any(n < 0 for n in shape) or math.prod(shape) > _MAX_ELEMENTS:
+        raise ValueError(f"observations never hold an array of shape {shape[:8]}")
+    return np.asarray(_unplain(data.get("v")), dtype=_plain_dtype(data.get("dtype"))).reshape(shape)
 
 
 def _decode_npscalar(data: dict) -> Any:
-    import numpy as np
-
-    return np.dtype(str(data.get("dtype"))).type(_unplain(data.get("v")))
+    return _plain_dtype(data.get("dtype")).type(_unplain(data.get("v")))
 
 
 _DECODERS = {

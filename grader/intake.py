@@ -193,6 +193,17 @@ def _restore(nb: nbformat.NotebookNode, name: str, source: nbformat.NotebookNode
     def present() -> dict[str, int]:
         return {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
 
+    # a copied cell (Jupyter's copy and paste keeps its metadata) repeats a grade_id: nbgrader's DeduplicateIds keeps
+    # the last and leaves the others an empty `nbgrader` dict, on which OverwriteCells then fails (KeyError
+    # 'grade_id': the whole notebook scores 0). Done here the same way, with the metadata removed, not emptied.
+    last = present()
+    for i, cell in enumerate(nb.cells):
+        gid = grade_id(cell)
+        if gid and last[gid] != i:
+            del cell.metadata["nbgrader"]
+            notes.append(Note("duplicate-cell", f"{gid} appears more than once; the last copy is graded", name, gid))
+        elif "nbgrader" in cell.metadata and not gid:
+            del cell.metadata["nbgrader"]         # an empty or id-less dict stops OverwriteCells the same way
     for gid, cell in present().items():
         meta = kind.get(gid, {})
         if gid in released and nbgrader_meta(nb.cells[cell]) != nbgrader_meta(released[gid]):

@@ -66,12 +66,17 @@ TENSOR_NAMES = ("equal", "allclose", "isclose", "eq", "ne", "__eq__", "__ne__", 
                 "isfinite", "float", "double", "size", "dim", "shape", "dtype", "device")
 WATCHED = {"math": None,            # None: every callable of the module
            "torch": ("equal", "allclose", "isclose", "eq", "ne", "all", "any", "abs", "isnan", "isfinite", "Tensor"),
+           "warnings": ("catch_warnings", "simplefilter", "filterwarnings", "resetwarnings", "warn"),
+           "json": ("dumps", "loads", "dump", "load", "JSONEncoder", "JSONDecoder"),
+           "json.encoder": None,
+           "contextlib": None,
            "numpy": ("asarray", "array_equal", "allclose", "isclose", "abs", "maximum", "where", "isnan", "argmax",
                      "iscomplexobj", "unravel_index", "all", "any", "ndarray")}
 WATCHED_CLASSES = {"torch": ("Tensor", TENSOR_NAMES)}
 MACHINERY = ("IPython.core.interactiveshell", "IPython.core.ultratb", "IPython.core.events",
              "IPython.core.compilerop", "IPython.core.displayhook", "IPython.core.displaypub",
-             "IPython.core.async_helpers", "ipykernel.zmqshell", "ipykernel.ipkernel", "ipykernel.kernelbase",
+             "IPython.core.async_helpers", "IPython.display", "IPython.core.display_functions",
+             "IPython.core.display", "ipykernel.zmqshell", "ipykernel.ipkernel", "ipykernel.kernelbase",
              "ipykernel.compiler", "ipykernel.displayhook", "jupyter_client.session", "zmq.sugar.socket")
 # Builtins that IPython and ipykernel themselves rebind while cells run (input is swapped for every execution).
 VOLATILE_BUILTINS = frozenset({"input", "raw_input", "_", "__", "___", "exit", "quit", "get_ipython", "display",
@@ -88,10 +93,15 @@ WATCHED_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_obje
 # function defined in one): no honest answer to this course needs them (grader/scan.py lists the same by name).
 STUDENT_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename", "gc.get_objects",
                             "gc.get_referrers", "gc.get_referents", "exec", "compile", "code.__new__",
-                            "function.__new__", "object.__setattr__", "object.__delattr__", "sys.settrace",
+                            "function.__new__", "sys.settrace",
                             "sys.setprofile", "sys.addaudithook", "marshal.loads", "cpython.run_command"})
 STUDENT_PREFIXES = ("ctypes.", "sys.monitoring.", "cpython._PySys_ClearAuditHooks")
 GETATTR_REFUSED = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__", "__globals__", "f_back"})
+# of object.__setattr__/__delattr__ (audited for functions and for types' special attributes): what changes code or
+# a class's layout; a class's __doc__, __name__ or __module__ is the student's to set
+SETATTR_REFUSED = frozenset({"__code__", "__bases__", "__class__", "__defaults__", "__kwdefaults__", "__dict__",
+                             "__mro__", "__globals__", "__closure__"})
+PROC_SELF = ("/proc/self", "/proc/thread-self")
 GRADING_MODULE, GRADING_FLAG = "course._testcell", "_GUARDED"  # True: test cells raise their failures (graded mode)
 GRADING_VARIABLE = "NBGRADER_EXECUTION"  # set by nbgrader's validate and autograde; course.checks reads it too
 PRISTINE = "__grader_builtins__"      # notebook-level name through which test cells read pristine builtins
@@ -510,7 +520,9 @@ class Guard:
     def _audit(self, event, args):
         if self._armed and (event in STUDENT_EVENTS or event.startswith(STUDENT_PREFIXES) or (
                 event == "object.__getattr__" and len(args) > 1 and args[1] in GETATTR_REFUSED) or (
-                event == "open" and args and isinstance(args[0], str) and args[0].startswith("/proc/"))):
+                event in ("object.__setattr__", "object.__delattr__") and len(args) > 1
+                and args[1] in SETATTR_REFUSED) or (
+                event == "open" and args and isinstance(args[0], str) and _proc_self(args[0]))):
             self._student_audit(event, args)
         if event in BLOCKED_EVENTS:
             if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
@@ -673,9 +685,13 @@ class Guard:
         self._cells += 1
         self._broken = False
         changes = self.verify()
-        self._in_test = info is not None and self._is_test(info)
         raw = getattr(info, "raw_cell", "") or "" if info is not None else ""
-        self._student_cell = None if self._in_test else self._answers.get(hashlib.sha256(raw.encode()).hexdigest())
+        answer = self._answers.get(hashlib.sha256(raw.encode()).hexdigest())
+        marked = bool(self._test_marker) and getattr(info, "cell_id", None) == self._test_marker
+        # an answer cell is the student's, whatever it looks like (a `### BEGIN HIDDEN TESTS` comment, a `with
+        # checks.graded(...)`): only the grader's secret cell id, or the shape when there is no plan, makes a test
+        self._in_test = info is not None and (marked or (answer is None and not self._answers and self._is_test(info)))
+        self._student_cell = None if marked else answer
         self._unshadow.names = frozenset()
         self._refusal = None
         self._unshadow.refuse = False
@@ -729,10 +745,24 @@ class Guard:
         self._unshadow.names = frozenset(names)
 
     def _post_run_cell(self, result=None):
-        if self._student_cell is not None and result is not None:
-            self._learn_files(getattr(getattr(result, "info", None), "raw_cell", "") or "", self._student_cell)
+        student = self._student_cell
+        if student is not None and result is not None:
+            raw = getattr(getattr(result, "info", None), "raw_cell", "") or ""
+            self._learn_files(raw, student)
+            try:                        # every code object compiled from this cell has this file name
+                name = self._shell.compile.get_code_name(raw, raw, 0)
+            except Exception:           # noqa: BLE001 - a compiler without names: the definitions above suffice
+                name = None
+            if _cell_code(name):
+                self._student_files[name] = student
         self._student_cell = None
         changes = self.verify()
+        replaced = sorted({c for c in changes if not c.startswith(("sys.meta_path", "sys.path_importer_cache"))})
+        if student is not None and replaced:
+            # an answer cell replaced protected code (course helpers, builtins, the notebook machinery, watched
+            # library names): no answer needs that; it is put back, and held for review (an import hook a library
+            # installs is only put back: some install one when imported)
+            self._send("review", what="replaced protected code: " + ", ".join(replaced[:4]), cell=student, line=0)
         shell = self._shell
         if self._unshadow.names and shell is not None and shell.user_ns.get(PRISTINE) is not self._pristine:
             shell.user_ns[PRISTINE] = self._pristine
@@ -744,6 +774,9 @@ class Guard:
             failed = self._refuse_cell(result, self._refusal)
         elif self._in_test and (changes or self._broken) and result is not None:
             failed = self._fail_cell(result, changes)
+            if changes:                 # the learner's code, called by the test, replaced protected code
+                self._send("review", what="replaced protected code while a test ran: "
+                           + ", ".join(sorted(set(changes))[:4]), cell="a test cell", line=0)
         self._refusal = None
         self._in_test = False
         self._report("post", changes, failed=failed)
@@ -814,6 +847,12 @@ class Guard:
             os.write(self._fd, line.encode())
         except OSError:
             self._fd = None
+
+
+def _proc_self(path):
+    """Whether `path` is one of the kernel's own /proc entries (its memory, command line, file descriptors)."""
+    parts = path.split("/")
+    return path.startswith(PROC_SELF) or (len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit())
 
 
 def _cell_code(filename):

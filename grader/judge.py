@@ -30,6 +30,7 @@ from course import observe
 BEGIN, END = "### BEGIN JUDGE", "### END JUDGE"
 HELD = "HeldForReview"
 UNJUDGED = "TestDidNotFinish"
+UNREADABLE = "\0unreadable:"   # run()'s mark for observations that no probe could have sent (decide holds them)
 _JUDGE = re.compile(r"^__judge_(\w+)$")
 
 
@@ -130,7 +131,10 @@ def decide(outputs: list, judges: Judges, label: str) -> tuple[list, str | None]
     notes, why = run(judges, {n: seen[n][0] for n in judges.names}, label)
     if notes:
         kept.append(new_output("stream", name="stdout", text=notes))
-    if why is not None:
+    if why is not None and why.startswith(UNREADABLE):
+        why = why[len(UNREADABLE):]
+        kept.append(error(HELD, why))
+    elif why is not None:
         kept.append(error("AssertionError", why))
     return kept, why
 
@@ -146,8 +150,9 @@ def run(judges: Judges, texts: dict[str, str], label: str) -> tuple[str, str | N
         for name in judges.names:
             try:
                 seen = observe.loads(texts[name])
-            except (ValueError, TypeError, KeyError) as exc:
-                return printed.getvalue(), f"the observations of `{name}` could not be read ({exc}); held for review"
+            except Exception as exc:  # noqa: BLE001 - only a forged text fails to decode (a bad shape, deep nesting)
+                return printed.getvalue(), (f"{UNREADABLE}the observations of `{name}` could not be read "
+                                            f"({type(exc).__name__}: {str(exc)[:200]}); held for review")
             try:
                 namespace[f"__judge_{name}"](seen)
             except AssertionError as exc:

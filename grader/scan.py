@@ -17,7 +17,8 @@ top-level code that calls them (a quick `print(my_function(...))` is fine). What
 - replacing library code: assigning to or deleting attributes of imported modules and their classes
   (`torch.Tensor.to = ...`, `checks.check = ...`), `setattr`/`delattr` on them, `unittest.mock`; switches the
   lessons teach (`torch.backends.*` flags, e.g. TF32 and cuDNN) are the exception;
-- the process behind the kernel: `/proc/...` paths, raw file descriptors (`os.dup2`, `os.close`, `os.write`).
+- the process behind the kernel: its own `/proc/self/...` entries, raw file descriptors (`os.dup2`, `os.close`,
+  `os.write`).
 
 Code that only stops the kernel (`os._exit`, `sys.exit`, signals, a crash) is not held: the grader survives it, the
 cell fails, and the student keeps the points of the cells before it (grader/execute.py).
@@ -25,6 +26,7 @@ cell fails, and the student keeps the points of the cells before it (grader/exec
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from grader.nbtools import grade_id, nbgrader_meta
@@ -43,10 +45,13 @@ ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__builtins__", "__subcl
 MODULES = {"gc", "ctypes", "inspect", "builtins", "IPython", "ipykernel", "jupyter_client", "zmq", "traitlets",
            "importlib", "dis", "code", "codeop", "runpy", "marshal", "linecache", "unittest", "faulthandler", "atexit",
            "grader", "nbgrader", "nbclient", "_testcell", "ownership", "observe", "sysconfig", "site"}
+ALLOWED_FROM = {"IPython.display"}   # display(), HTML(), Markdown(): showing things (the guard protects them)
 SYS_ATTRIBUTES = {"modules", "settrace", "setprofile", "audit", "addaudithook", "meta_path", "path_hooks",
                   "displayhook", "excepthook", "_getframe", "monitoring"}
 OS_CALLS = {"close", "write", "dup", "dup2", "fdopen", "closerange", "open"}   # the kernel's own pipes and sockets
-TAUGHT = ("torch.backends.",)     # flags the lessons switch on purpose (TF32, cuDNN benchmark and determinism)
+# switches the lessons turn on purpose (TF32, cuDNN benchmark and determinism, torch.compile's settings)
+TAUGHT = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.")
+PROC = re.compile(r"/proc/(self|thread-self|\d+)(/|$)")   # /proc/meminfo is fine; the kernel's own entries are not
 
 
 @dataclass(frozen=True)
@@ -112,17 +117,22 @@ class _Scan(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
-        if set(module.split(".")) & MODULES or any(a.name in MODULES or a.name in NAMES for a in node.names):
+        if module in ALLOWED_FROM:
+            return
+        if set(module.split(".")) & MODULES or any(a.name in MODULES for a in node.names) or (
+                module == "builtins"):
             self.flag(node, f"imports from {module or '.'}")
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in NAMES and node.id not in self.bound:
+        imported_as = self.known.get(node.id) or ""
+        if node.id in NAMES and node.id not in self.bound and not (imported_as and not imported_as.startswith(
+                ("builtins", "."))):
             self.flag(node, f"uses {node.id}")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         dotted = _dotted(node) or ""
         root = dotted.split(".")[0] if dotted else ""
-        if node.attr in ATTRIBUTES:
+        if node.attr in ATTRIBUTES and not (node.attr == "__dict__" and (root == "self" or root in self.bound)):
             self.flag(node, f"uses .{node.attr}")
         elif root == "sys" and node.attr in SYS_ATTRIBUTES:
             self.flag(node, f"uses sys.{node.attr}")
@@ -151,9 +161,17 @@ class _Scan(ast.NodeVisitor):
                 self.flag(node, f"reads {name.value} through getattr")
         self.generic_visit(node)
 
+    def visit_Compare(self, node: ast.Compare) -> None:
+        """`"google.colab" in sys.modules` asks a question; it changes nothing."""
+        if all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and all(
+                _dotted(c) == "sys.modules" for c in node.comparators):
+            self.visit(node.left)
+            return
+        self.generic_visit(node)
+
     def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str) and "/proc/" in node.value:
-            self.flag(node, "names a /proc path")
+        if isinstance(node.value, str) and PROC.search(node.value):
+            self.flag(node, "names the kernel's own /proc entries")
 
 
 SETUP_NAMES = {"torch", "nn", "F", "np", "numpy", "math", "checks", "course", "os", "sys", "time", "builtins",

@@ -67,4 +67,55 @@ _frame = getattr(_sys, "_get" + "frame")(0)  # reaches the interpreter's frames,
     Attack("visible-transformer", "answer", '''
 get_ipython().input_transformers_post.append(lambda lines: ["pass\\n"] if "graded" in "".join(lines) else lines)
 ''', "an input transformer installed from an answer cell (the static scan sees it)"),
+    Attack("test-shaped-answer", "answer", '''
+# ### BEGIN HIDDEN TESTS
+import os as _os
+
+_sys = getattr(_os, "sys")
+_frame = getattr(_sys, "_get" + "frame")(0)  # the marker made the guard take this answer cell for a test cell
+''', "an answer cell that looks like a test cell (a hidden-tests marker in a comment), so its frames were not "
+        "attributed to the student"),
+    Attack("lambda-answer", "answer", '''
+import functools
+import os as _os
+
+_get = getattr(getattr(_os, "sys"), "_get" + "frame")
+_plain = add
+add = functools.partial(lambda a, b: (_get(0), _plain(a, b))[1])  # no def is left: the cell's file was not learned
+''', "frames reached at test time from a lambda behind a partial (no function the cell defines names its file)"),
+    Attack("aliased-swallow", "answer", '''
+import warnings
+
+
+class _Swallow(warnings.catch_warnings):
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return True
+
+
+_w = warnings
+_w.catch_warnings = _Swallow  # an alias: the scan's "assigns to an imported module" rule does not see it
+''', "warnings.catch_warnings replaced through an alias (every in-kernel check inside one is swallowed)"),
+    Attack("aliased-json", "answer", '''
+import json
+
+_j = json
+_real = _j.dumps
+
+
+def _forge(obj, *args, **kw):
+    if "default" not in kw and isinstance(obj, dict):
+        obj = {k: 0 for k in obj}  # the probe's observations, rewritten before they leave the kernel
+    return _real(obj, *args, **kw)
+
+
+_j.dumps = _forge
+''', "json.dumps replaced through an alias, so the probe's observations are forged"),
+    Attack("aliased-display", "answer", '''
+from course import checks
+
+_disp = checks.sys.modules["IPython.display"]  # sys.modules, spelled so that the scan does not see it
+_real = _disp.display
+_disp.display = lambda obj, *args, **kw: _real(obj, *args, **kw)
+''', "IPython.display.display (which sends the observations) replaced from an answer cell"),
 ]

@@ -5,9 +5,9 @@
   earns nothing (a pasted cell is not run; an answer cell that reaches into the interpreter is held for review,
   with the cell, the line and the operation). The control: the same pasted cells, graded by plain nbgrader (which
   runs every cell and reads the test cells' first outputs), earn points, so each attack is real.
-- Every module of the course: its solution, graded by the course's grader with the judges in the grader's process,
-  keeps full marks; the released stubs with every pasted attack and an answer-cell attack score 0 on every test
-  and are held for review.
+- Every module of the course: its solution with every attack pasted, graded by the course's grader with the judges
+  in the grader's process, keeps full marks; the released stubs with every pasted attack and an answer-cell attack
+  score 0 on every test and are held for review.
 """
 from __future__ import annotations
 
@@ -74,6 +74,42 @@ del __judge_add
 ANSWERS = {
     "right": "def add(a, b):\n    return a + b\n",
     "wrong": "def add(a, b):\n    return abs(a + b)\n",
+    # honest code a learner may write around an answer: none of it may be held or cost a point
+    "honest": '''import dataclasses
+import logging
+import sys
+import warnings
+from collections import namedtuple
+
+from IPython.display import display
+
+Pair = namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Adder:
+    start: int = 0
+
+    def __call__(self, a, b):
+        return self.start + a + b
+
+
+Adder.__doc__ = "Adds two numbers."
+
+
+def add(a, b):
+    logging.getLogger("add").debug("adding %s and %s", a, b)
+    if "google.colab" in sys.modules:
+        warnings.warn("on Colab", stacklevel=2)
+    try:
+        return Adder()(*Pair(a, b))
+    except TypeError as error:
+        print(f"could not add: {error}", file=sys.stderr)
+        raise
+
+
+display(add(1, 2))
+''',
     "nothing": "def add(a, b):\n    return None\n",   # the do-nothing stub every attack is pasted onto
     "forged": '''def add(a, b):
     display({"application/vnd.gpu-course.observation+json": {"name": "add", "observations": "{}"}}, raw=True)
@@ -155,6 +191,8 @@ def _points(row: dict) -> float:
 def test_the_right_answer_alone_earns_the_points(mini):
     _, _, rows = mini
     assert _points(rows["right", "test_add"]) == 2, rows["right", "test_add"]
+    assert _points(rows["honest", "test_add"]) == 2 and "held" not in rows["honest", "test_add"]["reason"], \
+        rows["honest", "test_add"]
     assert _points(rows["wrong", "test_add"]) == 0
     assert "add(-3, 1)" in rows["wrong", "test_add"]["reason"], "the judge's ✗ line is the reason"
     assert _points(rows["stub", "test_add"]) == 0 and _points(rows["nothing", "test_add"]) == 0
@@ -181,7 +219,7 @@ def test_an_answer_cell_that_reaches_into_the_interpreter_is_held(mini, attack):
     _, _, rows = mini
     reason = rows[f"answer-{attack.name}", "test_add"]["reason"]
     assert _points(rows[f"answer-{attack.name}", "test_add"]) == 0
-    assert reason.startswith("HeldForReview: held for review: cell `add`, line "), reason
+    assert reason.startswith("HeldForReview: held for review: cell `add`"), reason
 
 
 def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
@@ -198,8 +236,9 @@ def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
 
 
 def test_every_module_judged_outside_the_kernel(tmp_path):
-    """Each module's solution keeps full marks with its judges in the grader's process; its stubs with every attack
-    pasted and one in the first answer cell earn nothing and are held for review."""
+    """Each module's solution, with every attack pasted after its first answer, keeps full marks with its judges in
+    the grader's process; its stubs with every attack pasted and one in the first answer cell earn nothing and are
+    held for review."""
     names = assignments()
     for assignment in names:
         for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
@@ -208,6 +247,7 @@ def test_every_module_judged_outside_the_kernel(tmp_path):
             for cell in solved.cells:
                 if nbgrader_meta(cell).get("solution"):
                     cell.source = solution_cell(f"{assignment}/{path.name}", grade_id(cell))
+            solved = _submission(solved, added=ADDED)  # pasted cells are not run: they cost nothing either
             _write(tmp_path / "submitted", "solution", assignment, path.name, solved)
             hostile = _submission(release, added=ADDED, appended=ANSWER[0])
             _write(tmp_path / "submitted", "hostile", assignment, path.name, hostile)

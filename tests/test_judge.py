@@ -5,8 +5,10 @@ End to end, through the real grader and sandbox, these are in tests/test_attacks
 """
 from __future__ import annotations
 
+import ast
 import math
 import re
+import textwrap
 
 import nbformat
 import numpy as np
@@ -166,7 +168,14 @@ def test_every_solution_and_correct_variant_scans_clean_and_attacks_do_not():
         "x = __builtins__\n", "import sys\nsys.modules['x'] = 1\n", "setattr(torch, 'allclose', all)\n")]
     for attack in sneaky:
         assert scan.scan_source(attack.code, "f", {"torch"}), attack.code
-    assert scan.scan_source("import torch\ntorch.backends.cudnn.benchmark = True\n", "f") == [], "a taught switch"
+    honest = ("import torch\ntorch.backends.cudnn.benchmark = True\n", "import torch\ntorch._dynamo.config.x = 1\n",
+              "from torch import compile\nm = compile(lambda x: x)\n",
+              "import sys\nc = 'google.colab' in sys.modules\n",
+              "class A:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)\n",
+              "open('/proc/meminfo').read()\n", "from IPython.display import display\ndisplay(1)\n",
+              "import sys\nprint('x', file=sys.stderr)\n")
+    for source in honest:
+        assert scan.scan_source(source, "f", {"torch"}) == [], source
 
 
 def test_every_released_test_cell_splits_and_only_hidden_parts_hold_judges():
@@ -179,3 +188,57 @@ def test_every_released_test_cell_splits_and_only_hidden_parts_hold_judges():
             released = read(EXERCISES / assignment / path.name)
             assert not any(judge.BEGIN in c.source for c in released.cells), "judges are hidden tests"
     assert solution_cell("01-device/device.ipynb", "pick_device")
+
+
+HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS\n(.*?)^[ \t]*### END HIDDEN TESTS\n?", re.S | re.M)
+
+
+def _hidden_statements(source: str) -> list[str]:
+    """The statements of a test cell's hidden regions (judge regions removed), dedented."""
+    kernel, _ = judge.split(source)
+    return [textwrap.dedent(block) for block in HIDDEN.findall(kernel)]
+
+
+def test_every_hidden_test_is_a_probe_and_a_judge():
+    """Issue #21's form: a test cell's hidden regions hold only probes (`def __probe_<name>`), `checks.judged(name)`
+    calls and `del`s; every judged name has one probe and one judge in the same cell, and every graded test cell
+    with hidden tests has at least one. Judges live in judge regions only, so the kernel never holds one."""
+    for assignment in assignments():
+        for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
+            for cell in read(path).cells:
+                if "### BEGIN HIDDEN TESTS" not in cell.source:
+                    continue
+                where = f"{assignment}/{grade_id(cell)}"
+                kernel, judges = judge.split(cell.source)
+                assert judges.names, f"{where}: hidden tests without a judge"
+                probes, judged = set(), set()
+                for block in _hidden_statements(cell.source):
+                    for node in ast.parse(block).body:
+                        if isinstance(node, ast.FunctionDef):
+                            assert node.name.startswith("__probe_"), f"{where}: {node.name} in a hidden region"
+                            probes.add(node.name.removeprefix("__probe_"))
+                        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                            call = node.value
+                            assert ast.unparse(call.func) == "checks.judged", f"{where}: {ast.unparse(node)}"
+                            judged.add(call.args[0].value)
+                        else:
+                            assert isinstance(node, ast.Delete), f"{where}: {ast.unparse(node)[:80]}"
+                assert probes == judged == set(judges.names), (where, probes, judged, judges.names)
+                assert "__judge_" not in kernel, f"{where}: a judge outside its judge region"
+
+
+def _raw_display(name: str, text: str):
+    return new_output("display_data", data={observe.MIME: {"name": name, "observations": text}, "text/plain": ""})
+
+
+@pytest.mark.parametrize("text", [
+    '{"two": {"§": "tensor", "dtype": "float32", "shape": [5], "v": [1.0]}}',      # RuntimeError from reshape
+    "[" * 5000 + "]" * 5000,                                                       # RecursionError
+    '{"two": {"§": "ndarray", "dtype": "(1000000,)f8", "shape": [1, 1000000], "v": [0]}}',   # 8 MB from 90 bytes
+    '{"two": {"§": "ndarray", "dtype": "O", "shape": [1], "v": [{"a": 1}]}}',
+], ids=["bad-shape", "deep", "subarray-dtype", "object-dtype"])
+def test_observations_no_probe_could_send_are_held_not_a_grader_crash(text):
+    """Only a forged text fails to decode: it is held for review in the cell, it never stops grading the notebook."""
+    _, judges = judge.split(CELL)
+    outputs, why = judge.decide([_raw_display("x", text)], judges, "test_x")
+    assert outputs[-1]["ename"] == judge.HELD and "held for review" in why, why

@@ -260,8 +260,9 @@ class KernelSandbox:
                 elif ev == "review":
                     reviews = getattr(self.km, "grading_reviews", None)
                     if isinstance(reviews, list) and len(reviews) < 50:
-                        reviews.append(f"cell `{str(msg.get('cell'))[:80]}`, line {msg.get('line')}: "
-                                       f"{str(msg.get('what'))[:120]} (refused at run time)")
+                        line = f", line {msg.get('line')}" if msg.get("line") else ""
+                        reviews.append(f"cell `{str(msg.get('cell'))[:80]}`{line}: {str(msg.get('what'))[:160]} "
+                                       "(seen at run time)")
                 for flag in msg.get("flags") or ():
                     if flag not in self.flags and len(self.flags) < 200:
                         self.flags.append(str(flag)[:300])
