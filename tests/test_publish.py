@@ -30,6 +30,7 @@ import pytest
 from grader import publish as pub
 from grader.nbtools import EXERCISES, SOLUTIONS, assignments, grade_id, read
 from tests.mutations import solution_cell
+from tests.wheels import commit_all
 
 URL = "https://example.org/learn/gpu-course"
 FORBIDDEN = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
@@ -46,11 +47,6 @@ def _first_code(nb) -> nbformat.NotebookNode:
 
 def _badges(nb) -> list[str]:
     return [m[2] for c in nb.cells if c.cell_type == "markdown" for m in pub._BADGE.finditer(c.source)]
-
-
-def _git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", "-c", "user.name=course", "-c", "user.email=course@example.org", *args], cwd=cwd,
-                   check=True, capture_output=True)
 
 
 # ---------------------------------------------------------------- the URL and the stamp
@@ -212,9 +208,7 @@ def test_the_first_cell_installs_the_course_from_the_edition_without_torch_or_gr
     edition.mkdir()
     url = f"file://{edition}"
     assert pub.build(edition, url, ["01-device"]) == []
-    _git("init", "-q", "-b", "main", cwd=edition)
-    _git("add", "-A", cwd=edition)
-    _git("commit", "-q", "-m", "learner edition", cwd=edition)
+    assert commit_all(edition) == url
     cell = _first_code(read(edition / "exercises" / "01-device" / "device.ipynb")).source
     assert f'COURSE_REPO = "{url}"' in cell, "the cell reads the URL stamped into the notebook"
 
