@@ -96,9 +96,14 @@ def see_project_packages(python: Path) -> None:
     """Let the environment of `python` import what this one has installed (torch, nbgrader, ...) after its own
     packages: a .pth line adds this environment's site-packages to the end of its sys.path. The .pth files of that
     folder (this checkout's editable install of course and grader) are not read, so neither package comes from here.
+    Jupyter's data files (nbconvert's templates) are linked in as share/jupyter.
     """
     line = sysconfig.get_paths()["purelib"]
     (site_packages(python) / "zz_project_packages.pth").write_text(line + "\n")
+    share, theirs = Path(sys.prefix) / "share" / "jupyter", python.parent.parent / "share" / "jupyter"
+    if share.is_dir() and not theirs.exists():
+        theirs.parent.mkdir(exist_ok=True)
+        theirs.symlink_to(share, target_is_directory=True)
 
 
 def pip(python: Path, *args: str, timeout: float = 900) -> str:
