@@ -59,8 +59,11 @@ OTHER_TORCH = Path(os.environ.get("COURSE_OTHER_TORCH", "/opt/wheels"))   # a to
 NOT_INSTALLED = ("torch", "torchvision")    # torch: the release under test, installed on its own; torchvision: unused
 KERNEL_TOOLS = ("ipykernel",)               # what Jupyter and Colab add to run a kernel
 COSTLIEST = ("06-compile", "08-distributed", "03-throughput")   # started first, two kernels at a time
-PROBE = ("import json as __j, sys as __s, course as __c, torch as __t\n"
-         "print('PROBE' + __j.dumps({'python': __s.executable, 'course': __c.__file__, 'torch': __t.__version__}))")
+NAMES = sorted({p.parent.name for p in SOLUTIONS.glob("*/*.ipynb")})
+PROBE = """import json as __j, resource as __r, sys as __s, course as __c, torch as __t
+__cpu = sum(u.ru_utime + u.ru_stime for u in map(__r.getrusage, (__r.RUSAGE_SELF, __r.RUSAGE_CHILDREN)))
+print("PROBE" + __j.dumps({"python": __s.executable, "course": __c.__file__, "torch": __t.__version__,
+                         "cpu": __cpu}))"""
 
 INSTALLED = """import json, importlib.util as u, course, course.simgpu, course.checks, torch
 print(json.dumps({"course": course.__file__, "simgpu": course.simgpu.__file__, "torch": torch.__version__,
@@ -112,10 +115,19 @@ def learner_env() -> LearnerEnv:
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory) -> Path:
-    """The learner edition, published for its own file:// URL and committed there (as on GitHub)."""
+def selected(request) -> set[tuple[str, str]]:
+    """The (kind, assignment) of every notebook test this session runs (`-k 04-amp`: both of 04-amp)."""
+    return {(item.callspec.params["kind"], item.callspec.params["name"]) for item in request.session.items
+            if item.originalname == "test_every_notebook_runs_in_the_installed_course"}
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory, selected) -> Path:
+    """The learner edition of the selected assignments (at least one), published for its own file:// URL and
+    committed there (as on GitHub)."""
     out = tmp_path_factory.mktemp("learners") / "gpu-course"
-    assert pub.publish(out, f"file://{out}", echo=print) == 0
+    names = sorted({name for _, name in selected}) or NAMES[:1]
+    assert pub.publish(out, f"file://{out}", names, echo=print) == 0
     commit_all(out)
     return out
 
@@ -134,7 +146,8 @@ def installed(learner_env, published, tmp_path_factory) -> dict:
     it installs the course from the edition's repository. Returns what that python then imports."""
     where = tmp_path_factory.mktemp("colab")
     pip(learner_env.python, "uninstall", "-y", "-q", "gpu-course")        # a previous run's course
-    cell = next(c for c in read(published / "exercises" / "01-device" / "device.ipynb").cells if c.cell_type == "code")
+    first = sorted(published.glob("exercises/*/*.ipynb"))[0]
+    cell = next(c for c in read(first).cells if c.cell_type == "code")
     (where / "colab_setup.py").write_text(cell.source)
     colab = ("import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
              "exec(compile(open('colab_setup.py').read(), '<colab_setup>', 'exec'), {'__name__': '__main__'})")
@@ -190,8 +203,9 @@ def _execute(kind: str, source: Path, folder: Path, kernels: Path, env: dict) ->
 
 
 @pytest.fixture(scope="module")
-def runs(learner_env, installed, published, tmp_path_factory) -> dict:
-    """Every notebook run once, two kernels at a time: {(kind, assignment): (notebook or failure, probe, seconds)}."""
+def runs(learner_env, installed, published, selected, tmp_path_factory) -> dict:
+    """Every selected notebook run once, two kernels at a time: {(kind, assignment): (notebook or failure, probe,
+    seconds)}."""
     work = tmp_path_factory.mktemp("runs")
     spec = work / "kernels" / "installed"
     spec.mkdir(parents=True)
@@ -202,19 +216,17 @@ def runs(learner_env, installed, published, tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"PATH": f"{learner_env.python.parent}{os.pathsep}{env.get('PATH', '')}", "MPLBACKEND": "Agg",
             "COURSE_DATA": str(work / "data")}       # an empty dataset folder: the notebooks use digits, offline
-    jobs = _notebooks(published)
-    cpu = os.times()
+    jobs = [(kind, path) for kind, path in _notebooks(published) if (kind, path.parent.name) in selected]
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = pool.map(lambda kp: _execute(kp[0], kp[1], work / kp[0] / kp[1].parent.name, work / "kernels", env),
                         jobs)
         results = {(kind, path.parent.name): result for (kind, path), result in zip(jobs, done, strict=True)}
-    used = os.times()
+    cpu = {job: probe.get("cpu", float("nan")) for job, (_, probe, _) in results.items()}
     print(f"\n{len(jobs)} notebooks in the installed course: {time.perf_counter() - start:.0f} s wall, "
-          f"{used.children_user + used.children_system - cpu.children_user - cpu.children_system:.0f} s CPU of "
-          "finished child processes (kernels count when they exit)")
+          f"{sum(cpu.values()):.0f} s CPU in their kernels (and the kernels' own subprocesses)")
     for (kind, name), (_, _, seconds) in sorted(results.items()):
-        print(f"  {kind:<8} {name:<16} {seconds:6.1f} s")
+        print(f"  {kind:<8} {name:<16} {seconds:6.1f} s wall {cpu[kind, name]:6.1f} s CPU")
     return results
 
 
@@ -224,9 +236,6 @@ def solved_run_problems(nb: nbformat.NotebookNode) -> list[str]:
     problems = [f"code cell {i} did not run" for i, c in enumerate(code) if not c.get("execution_count")]
     return problems + [f"cell {i} raised {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells)
                        for o in c.get("outputs", []) if o.get("output_type") == "error"]
-
-
-NAMES = sorted({p.parent.name for p in SOLUTIONS.glob("*/*.ipynb")})
 
 
 @pytest.mark.parametrize("kind", ["exercise", "solution"])
