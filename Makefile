@@ -57,7 +57,7 @@ test: install sandbox browser lint
 # the main suite rather than beside it. The environment is built once into .test-venvs/ (git-ignored) while its
 # inputs stay the same.
 test-install: install
-	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_install.py $(INSTALL_ARGS)
+	$(PY) -m pytest -n 0 -rsxX --durations=5 tests/test_install.py $(INSTALL_ARGS)
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install
