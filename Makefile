@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP  := $(VENV)/.installed-$(DEPS_HASH)
 PYTEST_ARGS ?=
+# More pytest arguments for `make test-install` alone, e.g. INSTALL_ARGS="-k 04-amp".
+INSTALL_ARGS ?=
 # pytest-xdist workers for `make test`: auto is one more than the cores (see tests/conftest.py, which also orders the
 # files, costliest first; each file runs whole on one worker).
 TEST_WORKERS ?= auto
@@ -20,7 +22,7 @@ GPU_CHECK_OUT ?= reference
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-gpu gpu-check install sandbox browser lint release check grade bench clean
+.PHONY: lab test test-install test-gpu gpu-check install sandbox browser lint release check grade bench clean
 
 install: $(STAMP)
 
@@ -51,8 +53,19 @@ browser:
 lab: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
+# The main suite, then the installed course (test-install) once it passes.
 test: install sandbox browser lint
-	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 --ignore=tests/test_install.py $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-install
+
+# The course as learners and instructors install it (tests/test_install.py): the learner edition installed by its
+# Colab cell into a fresh environment with another torch release (COURSE_OTHER_TORCH: a wheel or a folder of them,
+# default /opt/wheels; without one, the project's torch, and the run says why), every exercise and solution run
+# there; the instructor's wheel installed and grading one student. Its notebooks run two at a time, so it runs after
+# the main suite rather than beside it. The environment is built once into .test-venvs/ (git-ignored) while its
+# inputs stay the same.
+test-install: install
+	$(PY) -m pytest -n 0 -rsxX --durations=5 tests/test_install.py $(INSTALL_ARGS)
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install
@@ -81,4 +94,4 @@ bench: install
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache browser-shots
+	rm -rf $(VENV) .test-venvs .pytest_cache browser-shots

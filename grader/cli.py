@@ -126,11 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grading"   # git-ignored
-
-
 def _out(args) -> Path:
-    return (args.out or DEFAULT_OUT).resolve()
+    from grader.nbtools import ROOT
+
+    return (args.out or ROOT / "grading").resolve()          # git-ignored in the repository
 
 
 def _solutions(args) -> Path:

@@ -1,28 +1,39 @@
 """The learner edition's own files (README, pyproject, environment, Makefile), written by `grader.publish`.
 
 Dependencies and pins come from the instructor's pyproject.toml and constraints.txt, so the two editions install
-the same library against the same packages; the learner's pyproject packages `course` only (never `grader`).
+the same library against the same packages. The packaging tables ([tool.setuptools.*]) come from there too, with
+`course` the only package included (never `grader`): packages are found, so every subpackage of course/ ships.
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
+from pathlib import Path
 
 from grader.nbtools import ROOT
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:                                   # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 LAB_PACKAGES = ("jupyterlab", "notebook")      # from the instructor's dev extra: what `make lab` needs
 PIP_ONLY = ("torch", "torchvision")            # conda-forge's builds differ; pip's wheels are what Colab runs
+LEARNER_PACKAGE = "course"                     # the one package of the learner edition
+PACKAGING = ("packages.find", "package-data", "exclude-package-data")   # the [tool.setuptools.*] tables it copies
+
+
+def load_toml(path: Path) -> dict:
+    return tomllib.loads(path.read_text())
 
 
 def _project() -> dict:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:                               # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return load_toml(ROOT / "pyproject.toml")["project"]
 
 
-def _name(requirement: str) -> str:
+def requirement_name(requirement: str) -> str:
+    """The distribution a requirement names: "torch" for "torch>=2.6; python_version >= '3.13'"."""
     return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]
 
 
@@ -30,11 +41,42 @@ def _toml_list(items: list[str], indent: str = "    ") -> str:
     return "[\n" + "".join(f'{indent}"{item}",\n' for item in items) + "]"
 
 
+def included(find: dict) -> list[str]:
+    """The `include` patterns of a [tool.setuptools.packages.find] table."""
+    return list(find.get("include", []))
+
+
+def packaging(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """The instructor's [tool.setuptools.*] packaging tables for the learner edition: only `course` is included.
+
+    SystemExit when the instructor's pyproject lists its packages instead of finding them (a list misses every
+    subpackage, such as course.simgpu) or includes no `course`.
+    """
+    setuptools = load_toml(pyproject).get("tool", {}).get("setuptools", {})
+    find = setuptools.get("packages", {})
+    if not isinstance(find, dict) or "find" not in find:
+        raise SystemExit(f"{pyproject}: [tool.setuptools] must find its packages ([tool.setuptools.packages.find] "
+                         f"include = [...]), not list them ({find!r} misses every subpackage, e.g. course.simgpu)")
+    tables = {"packages.find": dict(find["find"])}
+    tables["packages.find"]["include"] = [p for p in included(find["find"])
+                                          if p.split(".")[0] == LEARNER_PACKAGE]
+    if not tables["packages.find"]["include"]:
+        raise SystemExit(f"{pyproject}: [tool.setuptools.packages.find] include has no {LEARNER_PACKAGE!r} pattern")
+    tables |= {name: setuptools[name] for name in PACKAGING[1:] if name in setuptools}
+    return "\n".join(f"[tool.setuptools.{name}]\n" + "".join(f"{_toml_key(k)} = {json.dumps(v)}\n"
+                                                            for k, v in table.items())
+                     for name, table in tables.items())
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
 def pyproject(url: str) -> str:
     project = _project()
     # packaging tools take http(s) URLs only here; a file:// or ssh:// edition (a test, a private mirror) has none
     urls = f'[project.urls]\nRepository = "{url}"\n\n' if url.startswith(("https://", "http://")) else ""
-    lab = [r for r in project["optional-dependencies"]["dev"] if _name(r) in LAB_PACKAGES]
+    lab = [r for r in project["optional-dependencies"]["dev"] if requirement_name(r) in LAB_PACKAGES]
     return f'''[build-system]
 requires = ["setuptools>=64"]
 build-backend = "setuptools.build_meta"
@@ -53,16 +95,15 @@ dependencies = {_toml_list(project["dependencies"])}
 # `make lab`: JupyterLab to open the notebooks with.
 lab = {_toml_list(lab)}
 
-{urls}[tool.setuptools]
-packages = ["course"]
-'''
+{urls}# Packages are found, not listed: every subpackage and data file of course/ goes into the wheel.
+{packaging()}'''
 
 
 def environment() -> str:
     project = _project()
-    deps = [r for r in project["dependencies"] if _name(r) not in PIP_ONLY]
-    deps += [r for r in project["optional-dependencies"]["dev"] if _name(r) in LAB_PACKAGES]
-    pip = [r for r in project["dependencies"] if _name(r) in PIP_ONLY] + ["-e .[lab]"]
+    deps = [r for r in project["dependencies"] if requirement_name(r) not in PIP_ONLY]
+    deps += [r for r in project["optional-dependencies"]["dev"] if requirement_name(r) in LAB_PACKAGES]
+    pip = [r for r in project["dependencies"] if requirement_name(r) in PIP_ONLY] + ["-e .[lab]"]
     return ("# conda env create -f environment.yml && conda activate gpu-course && jupyter lab\n"
             "name: gpu-course\nchannels:\n  - conda-forge\ndependencies:\n  - python=3.11\n  - pip\n"
             + "".join(f"  - {d}\n" for d in deps) + "  - pip:\n" + "".join(f"      - {p}\n" for p in pip))

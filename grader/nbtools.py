@@ -13,8 +13,11 @@ try:  # Jupyter's notebook library; a GPU machine with only torch reads the note
 except ModuleNotFoundError:
     nbformat = None
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "grader" / "nbgrader_config.py"
+PACKAGE_HOME = Path(__file__).resolve().parent.parent
+# The course: in a checkout, the repository this package lives in; for an installed grader (a wheel in
+# site-packages), the folder it is run from, which holds solutions/ (and gets grading/).
+ROOT = PACKAGE_HOME if (PACKAGE_HOME / "pyproject.toml").is_file() else Path.cwd().resolve()
+CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 ASSIGNMENTS = ("01-device", "02-transfer", "03-throughput", "04-amp", "05-parity", "06-compile", "07-memory",

@@ -20,13 +20,14 @@ from __future__ import annotations
 import ast
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
 
+from grader import edition
 from grader.nbtools import ROOT, SOLUTIONS, assignments, grade_id, read
+from grader.release import find_leaks, generate, leaks
 
 URL_KEY = "Repository"
 BRANCH = "main"
@@ -38,17 +39,14 @@ _URL = re.compile(r"^(https?|file|ssh|git)://[^\s\"'<>()]+$")
 _GITHUB = re.compile(r"^https://github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
 LEFT_OUT = ("solutions", "grader", "tests", "bench")
 TEXT_SUFFIXES = (".py", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".ipynb", "")
+NOT_SHIPPED = ("__pycache__", "*.pyc", ".ipynb_checkpoints")   # made by running the code: never published
 
 
 # ---------------------------------------------------------------- the URL and the stamp
 
 def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
     """`[project.urls] Repository` of pyproject.toml: where learners install the course from."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:                               # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    urls = tomllib.loads(pyproject.read_text()).get("project", {}).get("urls", {})
+    urls = edition.load_toml(pyproject).get("project", {}).get("urls", {})
     if URL_KEY not in urls:
         raise SystemExit(f"{pyproject} has no [project.urls] {URL_KEY} = \"https://...\": the URL learners install "
                          "the course from")
@@ -101,8 +99,6 @@ def stamp_solutions(url: str | None = None, solutions: Path = SOLUTIONS, echo=pr
 
 def _learner_files(url: str) -> dict[str, str]:
     """README.md, pyproject.toml, environment.yml, Makefile and .gitignore of the learner edition."""
-    from grader import edition
-
     return edition.files(url, _readme_course_section(), github=bool(_GITHUB.match(url)))
 
 
@@ -120,9 +116,8 @@ def _readme_course_section() -> str:
 def verify(tree: Path, url: str, names: list[str], solutions: Path = SOLUTIONS,
            instructor_url: str | None = None) -> list[str]:
     """What is wrong with a learner edition at `tree`: leaks, left-out folders present, badges or install cells
-    that do not point at `url`, the instructor's URL left behind, a pyproject that packages more than `course`."""
-    from grader.release import find_leaks
-
+    that do not point at `url`, the instructor's URL left behind, a pyproject that packages more than `course` or
+    lists its packages (a list leaves every subpackage out)."""
     problems = [f"{name}/ must not be published" for name in LEFT_OUT if (tree / name).exists()]
     sources = {name: [(p, read(p)) for p in sorted((solutions / name).glob("*.ipynb"))] for name in names}
     answers = {grade_id(c): _code_lines(m) for notebooks in sources.values() for _, nb in notebooks for c in nb.cells
@@ -148,9 +143,20 @@ def verify(tree: Path, url: str, names: list[str], solutions: Path = SOLUTIONS,
     for path in sorted(tree.rglob("*.ipynb")):
         if instructor_url and instructor_url != url and instructor_url in path.read_text():
             problems.append(f"{path.relative_to(tree)} still names the instructor's URL {instructor_url}")
-    if 'packages = ["course"]' not in (tree / "pyproject.toml").read_text():
-        problems.append("pyproject.toml must package `course` only")
-    return problems
+    return problems + _packaging_problems(tree / "pyproject.toml")
+
+
+def _packaging_problems(pyproject: Path) -> list[str]:
+    """A learner pyproject must find its packages (every subpackage ships) and include `course` alone."""
+    packages = edition.load_toml(pyproject).get("tool", {}).get("setuptools", {}).get("packages")
+    if not isinstance(packages, dict) or not isinstance(packages.get("find"), dict):
+        return [f"pyproject.toml must find its packages ([tool.setuptools.packages.find]), not list them: "
+                f"packages = {packages!r} leaves every subpackage (e.g. course.simgpu) out of the install"]
+    include = edition.included(packages["find"])
+    if not include or any(p.split(".")[0] != edition.LEARNER_PACKAGE for p in include):
+        return [f"pyproject.toml must package `{edition.LEARNER_PACKAGE}` only (its packages.find include = "
+                f"{include!r})"]
+    return []
 
 
 def _code_lines(text: str) -> list[str]:
@@ -200,8 +206,6 @@ def _pointing(nb: nbformat.NotebookNode, url: str, path: str) -> list[str]:
 
 def build(stage: Path, url: str, names: list[str], solutions: Path = SOLUTIONS) -> list[str]:
     """Write the learner edition for `url` into `stage` (unchecked); nbgrader's leaks found on the way."""
-    from grader.release import generate, leaks
-
     with tempfile.TemporaryDirectory() as tmp:
         released = generate(names, solutions, Path(tmp) / "course")
         problems = leaks(names, solutions, released)
@@ -211,10 +215,16 @@ def build(stage: Path, url: str, names: list[str], solutions: Path = SOLUTIONS) 
                 stamp(nb, url, f"exercises/{name}/{path.name}")
                 (stage / "exercises" / name).mkdir(parents=True, exist_ok=True)
                 nbformat.write(nb, stage / "exercises" / name / path.name)
-    shutil.copytree(ROOT / "course", stage / "course", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    write_library(stage, url)
+    return problems
+
+
+def write_library(stage: Path, url: str) -> None:
+    """The installable part of the learner edition for `url` into `stage`: course/ and the learner's files (README,
+    pyproject.toml, ...). Everything `pip install` reads is here, without the notebooks."""
+    shutil.copytree(ROOT / "course", stage / "course", ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     for name, text in _learner_files(url).items():
         (stage / name).write_text(text)
-    return problems
 
 
 def publish(out: Path, repo_url: str | None = None, names: list[str] | None = None, solutions: Path = SOLUTIONS,

@@ -5,10 +5,13 @@
 - `publish OUT --repo-url URL` writes exercises/, course/ and the learner's README, pyproject (packaging `course`
   only), environment.yml and Makefile; no solutions, grader, tests or bench; the leak check finds nothing; every
   badge and first cell points at URL and the instructor's URL is gone. A planted leak, a graded name in course/, a
-  badge or install cell that points elsewhere, or a left-out folder is each found.
+  badge or install cell that points elsewhere, a left-out folder, or a pyproject that lists its packages (leaving
+  course/simgpu/ out) or packages more than `course` is each found.
 - The Colab install: the first cell of a published notebook, run as Colab runs it, installs the course from a
-  `git+file://` clone of the edition with `--no-deps` into a fresh folder: `import course` then works against the
-  torch already installed, torch is not installed again, and no `grader` package arrives.
+  `git+file://` clone of the edition with `--no-deps` into a fresh folder: `import course` (and its subpackage
+  course.simgpu) then works against the torch already installed, torch is not installed again, and no `grader`
+  package arrives. tests/test_install.py runs every notebook against such an install; tests/test_wheels.py checks
+  that the wheels hold every file of the tree.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import pytest
 from grader import publish as pub
 from grader.nbtools import EXERCISES, SOLUTIONS, assignments, grade_id, read
 from tests.mutations import solution_cell
+from tests.wheels import commit_all
 
 URL = "https://example.org/learn/gpu-course"
 FORBIDDEN = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
@@ -43,11 +47,6 @@ def _first_code(nb) -> nbformat.NotebookNode:
 
 def _badges(nb) -> list[str]:
     return [m[2] for c in nb.cells if c.cell_type == "markdown" for m in pub._BADGE.finditer(c.source)]
-
-
-def _git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", "-c", "user.name=course", "-c", "user.email=course@example.org", *args], cwd=cwd,
-                   check=True, capture_output=True)
 
 
 # ---------------------------------------------------------------- the URL and the stamp
@@ -131,7 +130,11 @@ def test_learner_files_package_the_course_only_and_say_where_to_go(published):
     out, status, output = published
     assert status == 0, output
     project = tomllib.loads((out / "pyproject.toml").read_text())
-    assert project["tool"]["setuptools"]["packages"] == ["course"]
+    find = project["tool"]["setuptools"]["packages"]["find"]
+    assert find["include"] == ["course", "course.*"], "packages found (every subpackage of course/), course only"
+    instructor_tool = tomllib.loads((SOLUTIONS.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for table in ("package-data", "exclude-package-data"):
+        assert project["tool"]["setuptools"][table] == instructor_tool[table], f"{table}: the instructor's"
     assert project["project"]["urls"]["Repository"] == URL
     instructor = tomllib.loads((SOLUTIONS.parent / "pyproject.toml").read_text())["project"]
     assert project["project"]["dependencies"] == instructor["dependencies"]
@@ -150,7 +153,7 @@ def test_publish_refuses_a_folder_that_is_not_empty(tmp_path):
 
 
 @pytest.mark.parametrize("plant", ["answer-copied", "graded-name", "left-out", "badge", "install-cell", "old-url",
-                                   "hidden-test"])
+                                   "hidden-test", "packages-listed", "grader-packaged"])
 def test_verify_finds_what_would_leak_or_mislead(built, plant, tmp_path):
     """Each planted problem adds a finding (compared with the findings of the tree as it is)."""
     import shutil
@@ -174,6 +177,15 @@ def test_verify_finds_what_would_leak_or_mislead(built, plant, tmp_path):
         _first_code(nb).source = _first_code(nb).source.replace(URL, "https://github.com/gpu-course/gpu-course")
     elif plant == "old-url":
         (stage / "course" / "NOTES.md").write_text("see https://github.com/instructor/private\n")
+    elif plant == "packages-listed":   # the old way: a list installs course/ without course/simgpu/
+        text = (stage / "pyproject.toml").read_text()
+        cut = text.index("[tool.setuptools.packages.find]")
+        (stage / "pyproject.toml").write_text(text[:cut] + '[tool.setuptools]\npackages = ["course"]\n')
+    elif plant == "grader-packaged":
+        text = (stage / "pyproject.toml").read_text()
+        assert 'include = ["course", "course.*"]' in text
+        (stage / "pyproject.toml").write_text(text.replace('include = ["course", "course.*"]',
+                                                           'include = ["course", "course.*", "grader*"]'))
     elif plant == "hidden-test":
         test = next(c for c in read(SOLUTIONS / "04-amp" / "amp.ipynb").cells if grade_id(c) == "test_make_scaler")
         hidden = test.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
@@ -183,7 +195,8 @@ def test_verify_finds_what_would_leak_or_mislead(built, plant, tmp_path):
     expected = {"answer-copied": "course/helpers.py: repeats", "graded-name": "course/helpers.py defines make_scaler",
                 "left-out": "grader/ must not be published", "badge": "the Colab badge leads to",
                 "install-cell": "does not install the course from", "old-url": "names the instructor's URL",
-                "hidden-test": "gives away the hidden test of test_make_scaler"}[plant]
+                "hidden-test": "gives away the hidden test of test_make_scaler",
+                "packages-listed": "must find its packages", "grader-packaged": "must package `course` only"}[plant]
     assert any(expected in f for f in found), found
 
 
@@ -195,9 +208,7 @@ def test_the_first_cell_installs_the_course_from_the_edition_without_torch_or_gr
     edition.mkdir()
     url = f"file://{edition}"
     assert pub.build(edition, url, ["01-device"]) == []
-    _git("init", "-q", "-b", "main", cwd=edition)
-    _git("add", "-A", cwd=edition)
-    _git("commit", "-q", "-m", "learner edition", cwd=edition)
+    assert commit_all(edition) == url
     cell = _first_code(read(edition / "exercises" / "01-device" / "device.ipynb")).source
     assert f'COURSE_REPO = "{url}"' in cell, "the cell reads the URL stamped into the notebook"
 
@@ -222,7 +233,7 @@ def test_the_first_cell_installs_the_course_from_the_edition_without_torch_or_gr
     assert not [n for n in installed if n.split("-")[0].split("_")[0] in ("torch", "grader", "numpy")], installed
     site = sysconfig.get_paths()["purelib"]
     probe = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-             "import course, course.checks, torch\n"
+             "import course, course.checks, course.simgpu, torch\n"
              "print(course.__file__); print(torch.__file__); print(torch.__version__)\n"
              "import importlib.util; print(importlib.util.find_spec('grader'))\n")
     # -S: no site-packages, so no editable install of this checkout; the paths given are all it sees
