@@ -26,7 +26,9 @@ from pathlib import Path
 
 import nbformat
 
+from grader import edition
 from grader.nbtools import ROOT, SOLUTIONS, assignments, grade_id, read
+from grader.release import find_leaks, generate, leaks
 
 URL_KEY = "Repository"
 BRANCH = "main"
@@ -101,8 +103,6 @@ def stamp_solutions(url: str | None = None, solutions: Path = SOLUTIONS, echo=pr
 
 def _learner_files(url: str) -> dict[str, str]:
     """README.md, pyproject.toml, environment.yml, Makefile and .gitignore of the learner edition."""
-    from grader import edition
-
     return edition.files(url, _readme_course_section(), github=bool(_GITHUB.match(url)))
 
 
@@ -121,8 +121,6 @@ def verify(tree: Path, url: str, names: list[str], solutions: Path = SOLUTIONS,
            instructor_url: str | None = None) -> list[str]:
     """What is wrong with a learner edition at `tree`: leaks, left-out folders present, badges or install cells
     that do not point at `url`, the instructor's URL left behind, a pyproject that packages more than `course`."""
-    from grader.release import find_leaks
-
     problems = [f"{name}/ must not be published" for name in LEFT_OUT if (tree / name).exists()]
     sources = {name: [(p, read(p)) for p in sorted((solutions / name).glob("*.ipynb"))] for name in names}
     answers = {grade_id(c): _code_lines(m) for notebooks in sources.values() for _, nb in notebooks for c in nb.cells
@@ -200,8 +198,6 @@ def _pointing(nb: nbformat.NotebookNode, url: str, path: str) -> list[str]:
 
 def build(stage: Path, url: str, names: list[str], solutions: Path = SOLUTIONS) -> list[str]:
     """Write the learner edition for `url` into `stage` (unchecked); nbgrader's leaks found on the way."""
-    from grader.release import generate, leaks
-
     with tempfile.TemporaryDirectory() as tmp:
         released = generate(names, solutions, Path(tmp) / "course")
         problems = leaks(names, solutions, released)
