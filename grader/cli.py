@@ -116,7 +116,7 @@ def _autograde(args) -> int:
           f"{options.kernel_memory() / 2**30:.1f} GiB per kernel")
     report = autograde(args.submissions, ws, _solutions(args), options, pool=pool)
     print(f"graded {len(report.graded)}, unchanged {len(report.skipped)}, not graded {len(report.failed)} "
-          f"in {report.seconds:.0f} s; gradebook {ws.gradebook}")
+          f"in {report.seconds:.0f} s (merging {report.merge_seconds:.2f} s); gradebook {ws.gradebook}")
     return 1 if report.failed else 0
 
 

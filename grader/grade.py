@@ -1,10 +1,11 @@
 """Autograde a folder of submissions in parallel, into the workspace's gradebook.
 
-nbgrader grades one submission at a time (jupyter/nbgrader#174). Here `jobs` worker processes (`grader.worker`) each
-grade one (student, assignment) in a scratch course with its own copy of the gradebook, and the main process merges
-each finished result into the class gradebook: SQLite sees one writer, grades do not depend on the order in which
-workers finish, and every merged result is committed at once, so a crash or Ctrl-C loses only the submissions that
-were still running. Each kernel gets cores // jobs threads.
+nbgrader grades one submission at a time (jupyter/nbgrader#174). Here each (student, assignment) becomes a `Job`
+that carries its files (`grader.verdict`), graded by `grader.worker.grade` on an executor: the local pool of worker
+processes (`grader.pool`, the default) or the workers of a Dask cluster (`grader.cluster`, `--cluster`). Each
+`Verdict` is merged into the class gradebook as it arrives, by this process alone: SQLite sees one writer, grades do
+not depend on the order in which jobs finish, and every merged verdict is committed at once, so a crash, Ctrl-C or a
+lost cluster worker loses only the submissions that were still running. Each kernel gets cores // jobs threads.
 
 A submission is done when its record in state/ carries the fingerprint of its files and of its assignment's source:
 running again grades only new, changed or unfinished submissions (`--force` grades everything again).
@@ -132,6 +133,7 @@ class RunReport:
     failed: list[tuple[Unit, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    merge_seconds: float = 0.0          # this process's time writing verdicts (files, gradebook, state)
 
 
 def start_workers(submissions: Path, out: Path, options: Options) -> Pool | Cluster:
@@ -236,6 +238,7 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
                 write_json(failed_path, {"error": error})
                 echo(f"[{n:>{len(str(total))}}/{total}] {unit.student} {unit.assignment}: NOT GRADED: {error}")
                 return
+            merging = time.monotonic()
             verdict = Verdict.from_dict(reply["verdict"])
             if fingerprint(unit.folder) != keys[unit]["submission"]:
                 verdict.notes.append(Note(Code.SUBMISSION_CHANGED, "the submission folder changed while it was "
@@ -257,6 +260,7 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
             failed_path.unlink(missing_ok=True)
             merged.add(unit)
             report.graded.append(unit)
+            report.merge_seconds += time.monotonic() - merging
             points = sum(r.points for r in verdict.rows)
             top = sum(r.max_points for r in verdict.rows)
             codes = sorted({note.code.value for note in verdict.notes})

@@ -12,9 +12,10 @@ course. What it repairs, and the note it leaves for the per-test CSV:
 - another kernel name (`kernel-name`): nbgrader puts the source's kernelspec back;
 - nbgrader metadata that was changed (`metadata-edited`): put back as released;
 - test cells that were edited (`test-cell-edited`) or deleted (`test-cell-deleted`): nbgrader restores them from the
-  gradebook (OverwriteCells, with add_missing_cells). nbgrader can re-add a deleted grade cell only right after a
-  solution or grade cell that is present, so here the others are re-added the same way (its own
-  `missing_cell_transform`), and deleted locked cells (the setup cell) too (`locked-cell-deleted`).
+  gradebook (OverwriteCells). nbgrader's add_missing_cells can re-add a deleted grade cell only right after a
+  solution or grade cell that is present, and gives it a random cell id; so here every deleted one is re-added
+  with nbgrader's own `missing_cell_transform` and a stable id (the feedback is the same run to run), and deleted
+  locked cells (the setup cell) too (`locked-cell-deleted`).
 """
 from __future__ import annotations
 
@@ -205,12 +206,6 @@ def _restore(nb: nbformat.NotebookNode, name: str, source: nbformat.NotebookNode
         if not meta.get("locked") and not meta.get("grade"):
             continue
         code = Code.TEST_CELL_DELETED if meta.get("grade") else Code.LOCKED_CELL_DELETED
-        previous = order[position - 1] if position else None
-        graded_before = previous is not None and previous in here and (
-            kind[previous].get("grade") or kind[previous].get("solution"))
-        if meta.get("grade") and graded_before:
-            notes.append(Note(code, f"{gid} is missing; nbgrader re-adds it (add_missing_cells)", name, gid))
-            continue
         ref = released.get(gid)
         if ref is None:
             continue
@@ -218,6 +213,7 @@ def _restore(nb: nbformat.NotebookNode, name: str, source: nbformat.NotebookNode
                                    checksum=nbgrader_meta(ref).get("checksum"), source=ref.source)
         cell = OverwriteCells().missing_cell_transform(stand_in, points.get(gid, 0),
                                                        is_solution=bool(meta.get("solution")))
+        cell.id = f"restored-{gid}"     # nbformat would draw a random id: the feedback must not differ run to run
         if not meta.get("grade"):      # a locked setup cell, not a grade cell
             cell.metadata.nbgrader.update(grade=False, locked=True)
             cell.metadata.nbgrader.pop("points", None)
