@@ -30,6 +30,7 @@ from grader.intake import fingerprint, submission_files
 from grader.limits import GiB, cores, physical_memory
 from grader.pool import Pool
 from grader.verdict import Files, Job, Note, Verdict
+from grader.worker import ALIAS
 from grader.workspace import Workspace, gradebook, write_json
 
 
@@ -91,11 +92,13 @@ def find_units(submissions: Path, known: list[str]) -> tuple[list[Unit], list[st
 
 # ---------------------------------------------------------------- merging into the class gradebook
 
-def merge(gb, verdict: Verdict, assignment: str, student: str) -> None:
+def merge(gb, verdict: Verdict, assignment: str, student: str) -> bool:
     """Copy a verdict's auto scores for `student` into the class gradebook `gb` (an open nbgrader Gradebook).
 
-    Manual grades already in the class gradebook are kept, and flagged for review as nbgrader's SaveAutoGrades does.
+    Manual grades already in the class gradebook are kept, and flagged for review as nbgrader's SaveAutoGrades does;
+    returns whether there were any (the verdict's feedback, made from auto scores alone, is then out of date).
     """
+    manual = False
     gb.update_or_create_student(student)
     timestamp = datetime.fromisoformat(verdict.timestamp) if verdict.timestamp else None
     gb.update_or_create_submission(assignment, student, timestamp=timestamp)
@@ -105,9 +108,11 @@ def merge(gb, verdict: Verdict, assignment: str, student: str) -> None:
         mine = gb.find_grade(score.name, score.notebook, assignment, student)
         mine.auto_score = score.auto_score
         mine.needs_manual_grade = mine.manual_score is not None or score.auto_score is None
+        manual = manual or mine.manual_score is not None
     for notebook, name, comment in verdict.comments:
         gb.find_comment(name, notebook, assignment, student).auto_comment = comment
     gb.db.commit()
+    return manual
 
 
 def _write_files(files: Files, dest: Path) -> None:
@@ -185,6 +190,8 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
 
     ws.prepare(source_root, sorted({u.assignment for u in units}))
     ws.snapshot_gradebook(ws.work / "template.db")
+    with gradebook(ws.work / "template.db") as template:     # nbgrader would add it again for every notebook
+        template.update_or_create_student(ALIAS)
     hashes = ws.assignment_hashes()
     keys = {u: {"submission": fingerprint(u.folder), "source": hashes[u.assignment]} for u in units}
     with gradebook(ws.gradebook) as gb:
@@ -210,7 +217,9 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
     template = (ws.work / "template.db").read_bytes()
     sources = {a: _folder_files(ws.root / "solutions" / a) for a in {u.assignment for u in todo}}
     releases = {a: _folder_files(ws.root / "exercises" / a, "*.ipynb") for a in sources}
-    expect, policy = provenance.identity(), os.environ.get("GRADER_SANDBOX", "").strip().lower()
+    # a cluster's workers are other machines: each checks that it runs what this process runs
+    expect = provenance.identity() if options.cluster else {}
+    policy = os.environ.get("GRADER_SANDBOX", "").strip().lower()
     jobs = []
     for unit in todo:
         submitted = {str(rel): (unit.folder / rel).read_bytes() for rel in submission_files(unit.folder)}
@@ -249,13 +258,16 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
             log = ws.logs / unit.student / f"{unit.assignment}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(verdict.log)
-            shutil.rmtree(ws.path("feedback", unit.student, unit.assignment), ignore_errors=True)
+            feedback = ws.path("feedback", unit.student, unit.assignment)
+            shutil.rmtree(feedback, ignore_errors=True)
             try:
-                merge(gb, verdict, unit.assignment, unit.student)
+                manual = merge(gb, verdict, unit.assignment, unit.student)
             except Exception as exc:  # noqa: BLE001 - e.g. a gradebook from an older source: report, go on
                 gb.db.rollback()
                 on_result(unit, {"ok": False, "error": f"could not merge into the gradebook: {exc}"})
                 return
+            if verdict.feedback and not manual:         # else `feedback` makes it from the class gradebook
+                _write_files(verdict.feedback, feedback)
             write_json(ws.ledger_path(unit.student, unit.assignment), {**verdict.ledger(), "key": keys[unit]})
             failed_path.unlink(missing_ok=True)
             merged.add(unit)

@@ -25,6 +25,7 @@ from nbgrader.coursedir import CourseDirectory
 from grader.codes import Code, Status, status_of
 from grader.feedback_page import index_page
 from grader.nbtools import grade_id, nbgrader_meta, read
+from grader.verdict import Row
 from grader.workspace import Workspace, base_config, gradebook
 
 GRADES_COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
@@ -48,7 +49,8 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
 
 
 def per_test_rows(ws: Workspace) -> list[dict]:
-    """One row per student, notebook and graded cell, with the gradebook's points and the recorded reason."""
+    """One row per student, notebook and graded cell: the gradebook's points (manual grades included) laid over the
+    stored verdict's row (its reason, and whether its notebook was missing or the test held for review)."""
     ledgers = ws.ledgers()
     rows = []
     with gradebook(ws.gradebook) as gb:
@@ -56,17 +58,17 @@ def per_test_rows(ws: Workspace) -> list[dict]:
             for submission in gb.assignment_submissions(assignment):
                 student = submission.student.id
                 ledger = ledgers.get((student, assignment), {})
-                recorded = {(r["notebook"], r["grade_id"]): r for r in ledger.get("rows", [])}
+                recorded = {(r.notebook, r.grade_id): r for r in map(Row.from_dict, ledger.get("rows", []))}
                 position = {key: i for i, key in enumerate(recorded)}
                 scores = {(nb.name, g.name): g for nb in submission.notebooks for g in nb.grades}
                 for key in sorted(scores, key=lambda k: (position.get(k, len(position)), k)):
-                    grade, row = scores[key], recorded.get(key, {})
+                    grade, row = scores[key], recorded.get(key)
                     points, top = float(grade.score or 0.0), float(grade.max_score)
+                    status = status_of(points, top, missing=row is not None and row.status is Status.MISSING,
+                                       held=row is not None and row.status is Status.HELD)
                     rows.append({"student_id": student, "assignment": assignment, "notebook": key[0],
                                  "grade_id": key[1], "points": f"{points:g}", "max_points": f"{top:g}",
-                                 "status": status_of(points, top, missing=row.get("status") == Status.MISSING,
-                                                     held=row.get("status") == Status.HELD).value,
-                                 "reason": row.get("reason", "")})
+                                 "status": status.value, "reason": row.reason if row else ""})
     return sorted(rows, key=lambda r: (r["student_id"], r["assignment"]))   # stable: keeps the cell order
 
 

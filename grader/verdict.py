@@ -116,6 +116,7 @@ class Verdict:
     graded: list[str] = field(default_factory=list)                              # notebooks nbgrader graded
     autograded: Files = field(default_factory=dict)   # nbgrader's autograded/<student>/<assignment>/ files
     submitted: Files = field(default_factory=dict)    # the cleaned copies nbgrader graded (submitted/...)
+    feedback: Files = field(default_factory=dict)     # nbgrader's HTML feedback for the graded notebooks
     log: str = ""                                 # nbgrader's log and the kernels' output
     events: list[dict] = field(default_factory=list)  # the sandbox's events (limits, tampering, unisolated...)
     seconds: float = 0.0
@@ -124,7 +125,7 @@ class Verdict:
         return any(n.code is Code.REVIEW for n in self.notes)
 
     def ledger(self) -> dict:
-        """What state/<student>/<assignment>.json keeps: the verdict without its files and log."""
+        """What state/<student>/<assignment>.json keeps: the verdict without its files, feedback and log."""
         return {"rows": [r.to_dict() for r in self.rows], "notes": [n.to_dict() for n in self.notes],
                 "graded": self.graded, "events": self.events, "seconds": self.seconds}
 
@@ -132,7 +133,8 @@ class Verdict:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(self.ledger(), scores=[asdict(s) for s in self.scores],
                     comments=[list(c) for c in self.comments],
-                    autograded=_pack(self.autograded), submitted=_pack(self.submitted))
+                    autograded=_pack(self.autograded), submitted=_pack(self.submitted),
+                    feedback=_pack(self.feedback))
         return data
 
     def to_json(self) -> str:
@@ -147,5 +149,6 @@ class Verdict:
         return cls(rows=[Row.from_dict(r) for r in data["rows"]], notes=[Note.from_dict(n) for n in data["notes"]],
                    scores=[Score(**s) for s in data["scores"]], comments=[tuple(c) for c in data["comments"]],
                    penalties=data["penalties"], timestamp=data["timestamp"], graded=data["graded"],
-                   autograded=_unpack(data["autograded"]), submitted=_unpack(data["submitted"]), log=data["log"],
+                   autograded=_unpack(data["autograded"]), submitted=_unpack(data["submitted"]),
+                   feedback=_unpack(data["feedback"]), log=data["log"],
                    events=data["events"], seconds=data["seconds"])

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import nbformat
 from nbgrader.api import MissingEntry
-from nbgrader.converters import Autograde
+from nbgrader.converters import Autograde, GenerateFeedback
 from nbgrader.coursedir import CourseDirectory
 
 from grader import outcome, sandbox
@@ -38,7 +38,7 @@ from grader.nbtools import grade_id, nbgrader_meta, read
 from grader.provenance import refusal
 from grader.sandbox import SandboxIntegrityError, read_events
 from grader.verdict import Files, Job, Note, Score, Verdict
-from grader.workspace import gradebook
+from grader.workspace import base_config, gradebook
 
 ALIAS = "student"
 
@@ -69,6 +69,20 @@ def _autograde(config, assignment: str, notebook: str) -> None:
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id, coursedir.student_id, coursedir.notebook_id = assignment, ALIAS, notebook
     Autograde(coursedir=coursedir, config=config).start()
+
+
+def _feedback(config, assignment: str, course: Path) -> Files:
+    """nbgrader's HTML feedback from the scratch gradebook (the auto scores just recorded); {} when it fails (the
+    main process then makes it from the class gradebook)."""
+    coursedir = CourseDirectory(config=config)
+    coursedir.assignment_id, coursedir.student_id = assignment, ALIAS
+    try:
+        GenerateFeedback(coursedir=coursedir, config=config, force=True).start()
+    except Exception:  # noqa: BLE001 - feedback is made again later; the grades stand
+        logging.getLogger("traitlets").warning("generate_feedback failed:\n%s", traceback.format_exc())
+        return {}
+    folder = course / "feedback" / ALIAS / assignment
+    return _read(folder) if folder.is_dir() else {}
 
 
 def _gradebook_record(course: Path, assignment: str, graded: set[str], verdict: Verdict) -> None:
@@ -184,6 +198,7 @@ def _grade_in(job: Job, scratch: Path, course: Path) -> Verdict:
     verdict.notes, verdict.graded = notes, sorted(graded)
     verdict.autograded = _read(output) if output.is_dir() else {}
     verdict.submitted = _read(course / "submitted" / ALIAS / assignment)
+    verdict.feedback = _feedback(base_config(course), assignment, course) if graded else {}
     handler.close()
     verdict.log = log.read_text(errors="replace") if log.is_file() else ""
     verdict.events = read_events(events)

@@ -10,8 +10,7 @@ import pytest  # noqa: E402
 # runs each file whole on one worker, and starting the long ones first keeps every core busy to the end. The order
 # changes only the wall time; tests within a file keep their order.
 COSTLIEST = ["test_roundtrip.py", "test_browser.py", "test_grader.py", "test_cluster.py", "test_mutations.py",
-             "test_distributed.py",
-             "test_sandbox.py", "test_readme.py"]
+             "test_distributed.py", "test_sandbox.py", "test_readme.py"]
 
 
 def pytest_xdist_auto_num_workers(config):
