@@ -9,7 +9,7 @@ the intake notes. The error names the grader reads, and the code each stands for
 - MemoryError or an out-of-memory message (memory-limit), a thread that could not start (process-limit),
   SystemExit (system-exit), the output-cut marks (output-truncated);
 - HeldForReview (review): the kernel-side judgement held the cell; its evalue is the reason (operation, cell, line),
-  the row's status is `held` and it scores 0 until an instructor reviews it;
+  the row's status is `held`, its reason `HeldForReview: <reason>`, and it scores 0 until an instructor reviews it;
 - NotWrittenInNotebook (grader/integrity.py): a graded name holds imported code; its evalue is the reason;
 - any other error, such as a check's or a judge's AssertionError ("✗ what. Fix: how"): `ename: evalue`.
 """
@@ -67,8 +67,6 @@ def cell_failure(cell) -> str:
         value = _clean(error.get("evalue", ""), limit=300 if error.get("ename") in (NOT_OWN, HELD) else 160)
         if error.get("ename") == NOT_OWN:
             return value
-        if error.get("ename") == HELD:
-            return f"held for review: {value}"
         return f"{error.get('ename')}: {value}" if value else str(error.get("ename"))
     if any(o.get("output_type") == "stream" and o.get("name") == "stderr" for o in cell.get("outputs", [])):
         return "wrote to stderr (nbgrader scores that as a failure)"

@@ -126,6 +126,11 @@ MISBEHAVIOUR = {
     "flood": "for __i in range(20000):\n    print('flood line', __i)",
     # a student who could see the course repository (the solutions) would lose `square`: the sandbox hides it
     "peeks": f"import os\nif os.path.isdir({str(ROOT / 'solutions')!r}):\n    del square",
+    # what the kernel-side judgement leaves in a test cell it holds for review (an error named HeldForReview whose
+    # value is the reason): here raised by the answer itself when the test calls it
+    "held": ("class HeldForReview(Exception):\n    pass\n__square = square\n"
+             "def square(x):\n    if x == 3:\n        raise HeldForReview('os.kill() in cell 3, line 2 interferes "
+             "with grading')\n    return __square(x)"),
     "writes_files": ("open('scribble.txt', 'w').write('x')\nimport pathlib\n"
                      "pathlib.Path('../../../scribble-up.txt').write_text('x')"),
 }

@@ -54,6 +54,7 @@ CLASS = {
     "sys-exit": ("sys_exit", 15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
     "flood": ("flood", 15, {"output-truncated"}),
     "writes-files": ("writes_files", 15, {"wrote-files"}),
+    "held": ("held", 14, {"review"}),                # square held for review: 0 until an instructor looks
     # student kernels run in the sandbox, where the course repository is not visible
     "peeks": ("peeks", 15 if sandbox.status()[0] and os.environ.get("GRADER_SANDBOX") != "off" else 14, set()),
 }
@@ -144,6 +145,21 @@ def test_feedback_page_explains_a_memory_bomb_once_and_keeps_the_points(graded):
     assert "grader-error" not in page and "integrity" not in page
     tampered = (out / "feedback" / "tampered" / fixture.ASSIGNMENT / "index.html").read_text()
     assert tampered.count(html.escape(Code.METADATA_EDITED.text)) == 1, "one line for all the edited cells"
+
+
+def test_a_held_submission_is_listed_for_review_with_its_reason(graded):
+    """A test cell held for review: status `held` and the reason in tests.csv, `review` in grades.csv, and the
+    submission under "Needs review" in summary.md."""
+    _, _, out, _ = graded
+    held = {r["grade_id"]: r for r in rows(out / "tests.csv") if r["student_id"] == "held"}
+    print(held)
+    assert held["test_square"]["status"] == "held" and float(held["test_square"]["points"]) == 0
+    assert "os.kill() in cell 3, line 2" in held["test_square"]["reason"]
+    assert all(r["status"] == "passed" for gid, r in held.items() if gid != "test_square")
+    summary = (out / "summary.md").read_text()
+    review = summary.split("## Needs review", 1)[1].split("\n## ", 1)[0]
+    assert f"| held/{fixture.ASSIGNMENT} |" in review and "os.kill() in cell 3, line 2" in review, summary
+    assert "| right/" not in review
 
 
 def test_summary_figure_shows_whole_descriptions():

@@ -42,7 +42,7 @@ def test_a_held_cell_and_a_judge_failure_read_as_themselves():
     held = _graded(new_output("error", ename="HeldForReview", evalue=reason, traceback=[]))
     (row,) = outcome.per_test_rows({("nb", "test_a"): (0.0, 2.0)}, {"nb": ["test_a"]}, held, [])
     print(row)
-    assert (row.status, row.code, row.reason) == (Status.HELD, Code.REVIEW, f"held for review: {reason}")
+    assert (row.status, row.code, row.reason) == (Status.HELD, Code.REVIEW, f"HeldForReview: {reason}")
     notes = outcome.incidents(held["nb"], "nb")
     assert [n.code for n in notes] == [Code.REVIEW] and reason in notes[0].detail
 
@@ -67,7 +67,7 @@ def test_job_and_verdict_round_trip_through_json():
               threads=2, cell_timeout=None, expect=provenance.identity())
     assert Job.from_json(job.to_json()) == job
     verdict = Verdict(rows=[Row("x", "test_a", 1.0, 2.0, Status.PARTIAL, "partial credit"),
-                            Row("x", "test_b", 0.0, 1.0, Status.HELD, "held for review: ...", Code.REVIEW)],
+                            Row("x", "test_b", 0.0, 1.0, Status.HELD, "HeldForReview: ...", Code.REVIEW)],
                       notes=[Note(Code.REVIEW, "why", "x"), Note(Code.EXTRA_FILES, "notes.txt")],
                       scores=[Score("x", "test_a", 1.0, 2.0), Score("x", "test_b", None, 1.0)],
                       comments=[("x", "square", None)], penalties={"x": 0.0}, timestamp="2026-12-01T10:00:00",
