@@ -93,3 +93,12 @@ def test_grading_refuses_a_job_from_another_tree():
               expect={**provenance.identity(), "tree": "f" * 16})
     with pytest.raises(RuntimeError, match="refuses the job"):
         grade(job)
+
+
+def test_a_worker_that_cannot_sandbox_refuses_a_job_that_requires_it(monkeypatch):
+    """GRADER_SANDBOX=require on the grader travels with the job and holds on the worker that runs it."""
+    monkeypatch.setattr("grader.worker.sandbox.status", lambda: (False, "bubblewrap (bwrap) is not installed"))
+    job = Job(assignment="a", source={}, release={}, template=b"", submission={}, memory=0, file_size=0, threads=1,
+              sandbox="require")
+    with pytest.raises(RuntimeError, match=r"GRADER_SANDBOX=require .* \(bubblewrap \(bwrap\) is not installed\)"):
+        grade(job)
