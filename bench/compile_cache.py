@@ -5,7 +5,7 @@ Both runs are `python -m grader autograde` into a fresh workspace, the first wit
 compiles from scratch: its sandbox has a private, empty cache), the second as by default (the run first warms a cache
 from the solution notebook, timed apart, then every kernel starts from it). A student's time is the seconds its worker
 spent on it (state/<student>/<assignment>.json), so the one-off warming is not in it; it is printed on its own line.
-The students are made from the solution and the released exercise (grader.fixture.make_student): right ones, and
+The students are made from the solution and the released exercise (tests.students.make_student): right ones, and
 wrong ones with some functions left unanswered.
 
     .venv/bin/python bench/compile_cache.py [--students 6] [--jobs 2] [--assignment 06-compile]
@@ -23,8 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import fixture
-from grader.nbtools import ROOT, SOLUTIONS, config_env
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # test support lives in tests/ (not installed)
+
+from grader.nbtools import ROOT, SOLUTIONS, config_env  # noqa: E402
+from tests import students  # noqa: E402
 
 
 def grade(submissions: Path, out: Path, jobs: int, warm: bool, assignment: str) -> tuple[float, dict[str, float], str]:
@@ -53,7 +55,7 @@ def main() -> int:
             enumerate(["wrong" if i % 3 == 2 else "right" for i in range(args.students)])}
     with tempfile.TemporaryDirectory(prefix="compile-cache-") as tmp:
         root = Path(tmp)
-        _, submissions = fixture.build_class(root / "class", plan, SOLUTIONS, args.assignment)
+        _, submissions = students.build_class(root / "class", plan, SOLUTIONS, args.assignment)
         print(f"{len(plan)} students of {args.assignment} ({sum(k == 'right' for k in plan.values())} right, "
               f"{sum(k == 'wrong' for k in plan.values())} wrong), --jobs {args.jobs}; load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

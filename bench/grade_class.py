@@ -2,7 +2,7 @@
 --jobs 2`; print students per minute for each and the ratio (target: at least 1.7x on 2 cores).
 
 The class has 20 students made from the solution and exercise notebooks: right, wrong (some functions left
-unanswered) and broken ones (grader.fixture.make_student). By default every student submits every module notebook in
+unanswered) and broken ones (tests.students.make_student). By default every student submits every module notebook in
 solutions/ (the whole course, `--assignment all`); `--assignment NAME` (repeatable) grades only those, and
 `--assignment 00-fixture` the grader's own tiny fixture (two notebooks, no torch). Plain nbgrader runs `nbgrader
 autograde` once per assignment (its release generated beforehand, not timed); the grader runs once over the whole
@@ -23,8 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import fixture
-from grader.nbtools import ROOT, SOLUTIONS, assignments, cell_scores, config_env
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # test support lives in tests/ (not installed)
+
+from grader.nbtools import ROOT, SOLUTIONS, assignments, cell_scores, config_env  # noqa: E402
+from tests import students  # noqa: E402
 
 BROKEN = ["truncated", "renamed", "tampered", "os_exit", "invalid_json", "flood", "sys_exit", "missing"]
 
@@ -80,13 +82,13 @@ def main() -> int:
     args = parser.parse_args()
     wanted = args.assignment or ["all"]
     names = assignments() if wanted == ["all"] else wanted
-    names = names or [fixture.ASSIGNMENT]
+    names = names or [students.ASSIGNMENT]
 
     with tempfile.TemporaryDirectory(prefix="grade-class-") as tmp:
         root = Path(tmp)
-        real = names != [fixture.ASSIGNMENT]
+        real = names != [students.ASSIGNMENT]
         plan = kinds(args.students)
-        solutions, submissions = fixture.build_class(root / "class", plan, SOLUTIONS if real else None, names)
+        solutions, submissions = students.build_class(root / "class", plan, SOLUTIONS if real else None, names)
         notebooks = sum(len(list((solutions / name).glob("*.ipynb"))) for name in names)
         counts = {k: list(plan.values()).count(k) for k in sorted(set(plan.values()))}
         print(f"class: {len(plan)} students x {notebooks} notebooks of {', '.join(names)} "

@@ -19,10 +19,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from grader import report, sandbox
+from grader.grade import Options, autograde, start_workers
+from grader.limits import cores, parse_size
+from grader.nbtools import EXERCISES, SOLUTIONS
+from grader.publish import publish, stamp_solutions
+from grader.release import check, release
+from grader.workspace import Workspace
+
 
 def _parser() -> argparse.ArgumentParser:
-    from grader.grade import Options, cores
-
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -76,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--force", action="store_true", help="grade again what is already graded")
         p.add_argument("--no-compile-cache", action="store_true", help="do not warm torch.compile's cache first "
                        "(every kernel then compiles from scratch)")
+        p.add_argument("--cluster", default="", metavar="tcp://HOST:8786", help="grade on the workers of this Dask "
+                       "scheduler instead of local processes (needs the `cluster` extra; see the README)")
 
     for name, text in (("feedback", "HTML feedback for graded submissions"),
                        ("export", "write grades.csv and tests.csv"),
@@ -89,32 +97,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _autograde(args) -> int:
-    from grader.grade import Options, start_workers
-    from grader.limits import parse_size
-
     if not args.submissions.is_dir():
         raise SystemExit(f"{args.submissions} is not a folder")
     options = Options(jobs=max(1, args.jobs), cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
                       memory=parse_size(args.memory) if args.memory else 0,
                       file_size=parse_size(args.max_file_size), transport=args.transport, force=args.force,
-                      compile_cache=not args.no_compile_cache,
+                      compile_cache=not args.no_compile_cache, cluster=args.cluster,
                       students=args.student, assignments=args.assignment)
     pool = start_workers(args.submissions, _out(args), options)       # first: they take seconds to start
-
-    from grader.grade import autograde
-    from grader.workspace import Workspace
-
     ws = Workspace(_out(args))
-    from grader import sandbox
-
-    isolated, why = sandbox.status()
-    print(f"sandbox: {why}" if isolated else f"WARNING: grading is NOT isolated ({why}); student code runs with your "
-          "permissions")
+    if options.cluster:
+        print(f"cluster {options.cluster}: {pool.workers()} Dask workers; each sandboxes its own kernels")
+    else:
+        isolated, why = sandbox.status()
+        print(f"sandbox: {why}" if isolated else f"WARNING: grading is NOT isolated ({why}); student code runs with "
+              "your permissions")
     print(f"grading {args.submissions} into {ws.root}: {options.jobs} jobs, {options.threads()} threads and "
           f"{options.kernel_memory() / 2**30:.1f} GiB per kernel")
     report = autograde(args.submissions, ws, _solutions(args), options, pool=pool)
     print(f"graded {len(report.graded)}, unchanged {len(report.skipped)}, not graded {len(report.failed)} "
-          f"in {report.seconds:.0f} s; gradebook {ws.gradebook}")
+          f"in {report.seconds:.0f} s (merging {report.merge_seconds:.2f} s); gradebook {ws.gradebook}")
     return 1 if report.failed else 0
 
 
@@ -133,31 +135,21 @@ def _out(args) -> Path:
 
 
 def _solutions(args) -> Path:
-    from grader.nbtools import SOLUTIONS
-
     return (args.solutions or SOLUTIONS).resolve()
 
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("release", "check"):
-        from grader.nbtools import EXERCISES
-        from grader.release import check, release
-
         exercises = (args.exercises or EXERCISES).resolve()
         if args.command == "release":
             return release(args.assignment, _solutions(args), exercises)
         return check(args.assignment, args.jobs, _solutions(args), exercises)
 
     if args.command in ("stamp", "publish"):
-        from grader.publish import publish, stamp_solutions
-
         if args.command == "stamp":
             return stamp_solutions(args.repo_url, _solutions(args))
         return publish(args.out.resolve(), args.repo_url, args.assignment, _solutions(args))
-
-    from grader import report
-    from grader.workspace import Workspace
 
     ws = Workspace(_out(args))
     if args.command in ("autograde", "all"):

@@ -17,30 +17,24 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import stat
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 
+import nbformat
+
+from grader.execute import GraderExecute
+from grader.nbconfig import course_config
+from grader.sandbox.layers import layer
+from grader.workspace import tree_hash
+
+__all__ = ["Warming", "compiling", "freeze", "layer", "prepare", "run_in_sandbox"]
+
 MARKER = "torch.compile"       # a solution notebook that contains this is run to warm the cache
-
-
-def layer(warm: Path, dest: Path, link: bool = True) -> None:
-    """A private writable cache at `dest` that starts as `warm` (hard links when `link`, else copies)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for top, dirs, files in os.walk(warm):
-        rel = Path(top).relative_to(warm)
-        for name in dirs:
-            (dest / rel / name).mkdir(exist_ok=True)
-        for name in files:
-            src, dst = Path(top) / name, dest / rel / name
-            try:
-                if not link:
-                    raise OSError("copy")
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
 
 
 def freeze(folder: Path) -> None:
@@ -61,11 +55,6 @@ def compiling(source_root: Path, assignments: list[str]) -> list[Path]:
 
 def _key(notebooks: list[Path], threads: int) -> str:
     """What the cache depends on: the notebooks' folders, torch and Python, and the kernels' thread count."""
-    import platform
-    from importlib.metadata import version
-
-    from grader.workspace import tree_hash
-
     digest = hashlib.sha256(f"{version('torch')} {platform.python_version()} {threads}".encode())
     for folder in sorted({nb.parent for nb in notebooks}):
         digest.update(f"{folder.name}:{tree_hash(folder)}".encode())
@@ -138,11 +127,6 @@ def run_in_sandbox(notebook: Path, *, threads: int, memory: int, export: Path | 
                    warm: Path | None = None) -> None:
     """Execute `notebook` in its folder as autograde would (sandboxed kernel, NBGRADER_EXECUTION=autograde),
     starting from the `warm` cache and keeping its compile cache in `export`."""
-    import nbformat
-
-    from grader.execute import GraderExecute
-    from grader.workspace import course_config
-
     config = course_config(notebook.parent, memory=memory, threads=threads, sandbox=True,
                            compile_cache=str(warm or ""))
     if export is not None:

@@ -12,9 +12,10 @@ course. What it repairs, and the note it leaves for the per-test CSV:
 - another kernel name (`kernel-name`): nbgrader puts the source's kernelspec back;
 - nbgrader metadata that was changed (`metadata-edited`): put back as released;
 - test cells that were edited (`test-cell-edited`) or deleted (`test-cell-deleted`): nbgrader restores them from the
-  gradebook (OverwriteCells, with add_missing_cells). nbgrader can re-add a deleted grade cell only right after a
-  solution or grade cell that is present, so here the others are re-added the same way (its own
-  `missing_cell_transform`), and deleted locked cells (the setup cell) too (`locked-cell-deleted`).
+  gradebook (OverwriteCells). nbgrader's add_missing_cells can re-add a deleted grade cell only right after a
+  solution or grade cell that is present, and gives it a random cell id; so here every deleted one is re-added
+  with nbgrader's own `missing_cell_transform` and a stable id (the feedback is the same run to run), and deleted
+  locked cells (the setup cell) too (`locked-cell-deleted`).
 """
 from __future__ import annotations
 
@@ -24,26 +25,19 @@ import hashlib
 import json
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
 
+from grader.codes import Code
 from grader.nbtools import grade_id, nbgrader_meta, read
+from grader.verdict import Note
 
 IGNORED = (".ipynb_checkpoints", "__pycache__", "*.pyc", ".DS_Store", "__MACOSX", "Thumbs.db", ".~*")
 TIMESTAMP = "timestamp.txt"          # written by nbgrader collect / zip_collect: the submission time
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something about a submission that the grades must explain."""
-    code: str                     # short and stable: "renamed", "kernel-died", ...
-    detail: str                   # one line for a person
-    notebook: str | None = None   # None: the whole submission
-    cell: str | None = None       # a grade_id, when it is about one cell
 
 
 @dataclass
@@ -52,7 +46,7 @@ class Intake:
     notes: list[Note] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"notebooks": self.notebooks, "notes": [asdict(n) for n in self.notes]}
+        return {"notebooks": self.notebooks, "notes": [n.to_dict() for n in self.notes]}
 
 
 def _ignored(relative: Path) -> bool:
@@ -120,14 +114,14 @@ def load_notebook(path: Path, name: str) -> tuple[nbformat.NotebookNode | None, 
         cells = salvage_cells(text)
         stripped = text.rstrip()
         truncated = bool(re.match(r'\s*\{\s*"', text)) and not stripped.endswith("}")
-        code = "truncated" if truncated else "invalid-json"
+        code = Code.TRUNCATED if truncated else Code.INVALID_JSON
         what = "the file ends in the middle of the notebook" if truncated else \
             f"not valid JSON (line {exc.lineno}, column {exc.colno})"
         kept = f"{len(cells)} cells recovered and graded" if cells else "nothing recoverable: scored 0"
         notes = [Note(code, f"{path.name}: {what}; {kept}", name)]
         return (new_notebook(cells=cells) if cells else None), notes
     if not isinstance(data, dict) or not isinstance(data.get("cells", data.get("worksheets")), list):
-        return None, [Note("not-a-notebook", f"{path.name} is JSON but not a notebook: scored 0", name)]
+        return None, [Note(Code.NOT_A_NOTEBOOK, f"{path.name} is JSON but not a notebook: scored 0", name)]
     try:
         nb = nbformat.reads(text, as_version=4)
         nbformat.validate(nb)
@@ -136,7 +130,7 @@ def load_notebook(path: Path, name: str) -> tuple[nbformat.NotebookNode | None, 
         cells = [c for i, d in enumerate(data.get("cells", [])) if (c := _cell_from(d, i)) is not None]
         nb = new_notebook(cells=cells, metadata=data.get("metadata") if isinstance(data.get("metadata"), dict) else {})
         reason = str(exc).splitlines()[0][:120]
-        return nb, [Note("repaired", f"{path.name} broke the notebook format ({reason}); rebuilt from its "
+        return nb, [Note(Code.REPAIRED, f"{path.name} broke the notebook format ({reason}); rebuilt from its "
                                      f"{len(cells)} cells", name)]
 
 
@@ -201,7 +195,7 @@ def _restore(nb: nbformat.NotebookNode, name: str, source: nbformat.NotebookNode
         gid = grade_id(cell)
         if gid and last[gid] != i:
             del cell.metadata["nbgrader"]
-            notes.append(Note("duplicate-cell", f"{gid} appears more than once; the last copy is graded", name, gid))
+            notes.append(Note(Code.DUPLICATE_CELL, f"{gid} appears more than once; the last copy is graded", name, gid))
         elif "nbgrader" in cell.metadata and not gid:
             del cell.metadata["nbgrader"]         # an empty or id-less dict stops OverwriteCells the same way
     for gid, cell in present().items():
@@ -209,26 +203,20 @@ def _restore(nb: nbformat.NotebookNode, name: str, source: nbformat.NotebookNode
         if gid in released and nbgrader_meta(nb.cells[cell]) != nbgrader_meta(released[gid]):
             # the metadata is the instructor's: a broken copy would stop nbgrader (points "abc", a lost flag)
             nb.cells[cell].metadata["nbgrader"] = copy.deepcopy(nbgrader_meta(released[gid]))
-            notes.append(Note("metadata-edited", f"{gid}: its nbgrader metadata was changed; put back", name, gid))
+            notes.append(Note(Code.METADATA_EDITED, f"{gid}: its nbgrader metadata was changed; put back", name, gid))
         if meta.get("locked") and gid in released and nb.cells[cell].source != released[gid].source:
-            code = "test-cell-edited" if meta.get("grade") else "locked-cell-edited"
+            code = Code.TEST_CELL_EDITED if meta.get("grade") else Code.LOCKED_CELL_EDITED
             notes.append(Note(code, f"{gid} was edited; nbgrader restores it from the gradebook", name, gid))
     for position, gid in enumerate(order):
         meta, here = kind[gid], present()
         if gid in here:
             continue
         if meta.get("solution") and not meta.get("grade"):
-            notes.append(Note("solution-cell-deleted", f"the answer cell {gid} is missing", name, gid))
+            notes.append(Note(Code.SOLUTION_CELL_DELETED, f"the answer cell {gid} is missing", name, gid))
             continue
         if not meta.get("locked") and not meta.get("grade"):
             continue
-        code = "test-cell-deleted" if meta.get("grade") else "locked-cell-deleted"
-        previous = order[position - 1] if position else None
-        graded_before = previous is not None and previous in here and (
-            kind[previous].get("grade") or kind[previous].get("solution"))
-        if meta.get("grade") and graded_before:
-            notes.append(Note(code, f"{gid} is missing; nbgrader re-adds it (add_missing_cells)", name, gid))
-            continue
+        code = Code.TEST_CELL_DELETED if meta.get("grade") else Code.LOCKED_CELL_DELETED
         ref = released.get(gid)
         if ref is None:
             continue
@@ -236,6 +224,7 @@ def _restore(nb: nbformat.NotebookNode, name: str, source: nbformat.NotebookNode
                                    checksum=nbgrader_meta(ref).get("checksum"), source=ref.source)
         cell = OverwriteCells().missing_cell_transform(stand_in, points.get(gid, 0),
                                                        is_solution=bool(meta.get("solution")))
+        cell.id = f"restored-{gid}"     # nbformat would draw a random id: the feedback must not differ run to run
         if not meta.get("grade"):      # a locked setup cell, not a grade cell
             cell.metadata.nbgrader.update(grade=False, locked=True)
             cell.metadata.nbgrader.pop("points", None)
@@ -266,11 +255,11 @@ def take_in(submission: Path, source_dir: Path, release_dir: Path, dest: Path) -
     for name in sources:
         rel = match.get(name)
         if rel is None:
-            intake.notes.append(Note("missing-notebook", f"{name}.ipynb was not submitted: scored 0", name))
+            intake.notes.append(Note(Code.MISSING_NOTEBOOK, f"{name}.ipynb was not submitted: scored 0", name))
             continue
         notes = [Note(n.code, n.detail, name, n.cell) for n in load_notes[rel]]
         if rel != Path(f"{name}.ipynb"):
-            notes.append(Note("renamed", f"submitted as {rel}, graded as {name}.ipynb", name))
+            notes.append(Note(Code.RENAMED, f"submitted as {rel}, graded as {name}.ipynb", name))
         nb = loaded[rel]
         if nb is None:
             intake.notes.extend(notes)
@@ -278,7 +267,7 @@ def take_in(submission: Path, source_dir: Path, release_dir: Path, dest: Path) -
         wanted = sources[name].metadata.get("kernelspec", {}).get("name")
         got = nb.metadata.get("kernelspec", {}).get("name")
         if got and wanted and got != wanted:
-            notes.append(Note("kernel-name", f"saved with kernel {got!r}; graded with {wanted!r}", name))
+            notes.append(Note(Code.KERNEL_NAME, f"saved with kernel {got!r}; graded with {wanted!r}", name))
         release = read(release_dir / f"{name}.ipynb")
         points = {grade_id(c): float(nbgrader_meta(c).get("points", 0)) for c in sources[name].cells
                   if nbgrader_meta(c).get("grade")}
@@ -290,7 +279,7 @@ def take_in(submission: Path, source_dir: Path, release_dir: Path, dest: Path) -
     extra = [str(rel) for rel in files if rel not in used]
     if extra:
         shown = ", ".join(extra[:8]) + (f" and {len(extra) - 8} more" if len(extra) > 8 else "")
-        intake.notes.append(Note("extra-files", f"not used for grading: {shown}"))
+        intake.notes.append(Note(Code.EXTRA_FILES, f"not used for grading: {shown}"))
     if (submission / TIMESTAMP).is_file():
         shutil.copy(submission / TIMESTAMP, dest / TIMESTAMP)
     return intake

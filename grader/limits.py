@@ -34,6 +34,15 @@ def parse_size(text: str | int | float) -> int:
     return int(float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower()))
 
 
+def cores() -> int:
+    """The cores this process may use (a container's or a cgroup's share, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def out_of_memory(ename: str, evalue: str) -> bool:
     """Whether an error is an allocation that failed (the kernel reached its memory limit)."""
     return bool(OUT_OF_MEMORY.search(f"{ename}: {evalue}"))

@@ -15,37 +15,11 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from grader import processes
 from grader.launch import die_with_parent
-
-
-@dataclass(frozen=True)
-class Job:
-    """One (student, assignment) for a worker to grade: what `grader.grade` sends, `grader.worker` reads."""
-    workspace: str              # the grading workspace (grader.workspace.Workspace)
-    assignment: str
-    submission: str             # the student's folder for this assignment (only read)
-    course: str                 # the worker's scratch nbgrader course for this job
-    log: str                    # nbgrader's log and the kernels' output
-    memory: int                 # bytes per kernel
-    file_size: int              # bytes a kernel may write
-    threads: int
-    transport: str = "tcp"
-    cell_timeout: int | None = None
-    notebook_timeout: int = 0
-    compile_cache: str = ""     # a warm torch.compile cache for the kernels ("" for none)
-    runtime: str = ""           # set by the pool: the worker's folder for connection files and sockets
-    pids: str = ""              # set by the pool: where the worker records its kernels' pids
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, line: str) -> Job:
-        return cls(**json.loads(line))
+from grader.verdict import Job
 
 
 class _Worker:
@@ -57,7 +31,8 @@ class _Worker:
         self.pids = self.scratch / "pids"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"worker-{index}.log", "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "grader.worker"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "grader.worker", "--scratch", str(self.scratch)],
+                                         stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
                                          preexec_fn=die_with_parent)
         self.job = None
@@ -65,7 +40,7 @@ class _Worker:
 
     def start(self, key, job: Job, limit: float) -> None:
         self.job, self.deadline = key, time.monotonic() + limit
-        self.proc.stdin.write(replace(job, runtime=str(self.scratch), pids=str(self.pids)).to_json() + "\n")
+        self.proc.stdin.write(job.to_json() + "\n")
         self.proc.stdin.flush()
 
     def kill(self) -> None:
@@ -119,7 +94,7 @@ class Pool:
 
     def run(self, jobs: list[tuple[object, Job]], limit: float, on_result, hold=None) -> None:
         """Run (key, job) pairs in order, skipping for now those `hold(job)` holds back; on_result(key, reply) gets
-        {"ok": True} or {"ok": False, "error": ...}."""
+        {"ok": True, "verdict": ...} or {"ok": False, "error": ...} (grader.worker.answer)."""
         pending = deque(jobs)
         while pending or any(w.job is not None for w in self.workers):
             for worker in self.workers:

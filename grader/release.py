@@ -18,8 +18,17 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import nbformat
+from nbgrader.converters import GenerateAssignment
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
+from nbgrader.validator import Validator
+from traitlets import List
 
-from grader.nbtools import EXERCISES, SOLUTIONS, assignments, grade_id, read
+from grader.execute import GraderExecute
+from grader.limits import cores
+from grader.nbconfig import course_config
+from grader.nbtools import EXERCISES, ROOT, SOLUTIONS, assignments, grade_id, read
+from grader.workspace import base_config
 
 _REGION = re.compile(r"### BEGIN (SOLUTION|HIDDEN TESTS)\n(.*?)### END \1", re.S)
 _MARKUP = re.compile(r"#+\s*(BEGIN|END)\s+(SOLU\w*|HIDDEN\w*)", re.I)     # typos too: nbgrader would ignore them
@@ -94,16 +103,11 @@ def generate(names: list[str], solutions: Path, into: Path) -> Path:
     the sources goes to <into>/solutions unless they are there already); the released folder, <into>/exercises.
 
     The one way the grader and the tests release exercises; its gradebook (<into>/gradebook.db) knows them."""
-    from nbgrader.converters import GenerateAssignment
-    from nbgrader.coursedir import CourseDirectory
-
-    from grader.workspace import course_config
-
     if (into / "solutions").resolve() != solutions.resolve():
         for name in names:
             shutil.copytree(solutions / name, into / "solutions" / name, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    config = course_config(into)
+    config = base_config(into)
     for name in names:
         coursedir = CourseDirectory(config=config)
         coursedir.assignment_id = name
@@ -152,14 +156,6 @@ def release(names: list[str] | None = None, solutions: Path = SOLUTIONS, exercis
 
 def _validate_one(path: str, invert: bool, threads: int) -> dict:
     """nbgrader validate (or validate --invert) of one notebook, with the grader's kernels; nbgrader's results."""
-    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
-    from nbgrader.validator import Validator
-    from traitlets import List
-
-    from grader.execute import GraderExecute
-    from grader.nbtools import ROOT
-    from grader.workspace import course_config
-
     class GraderValidator(Validator):
         preprocessors = List([CheckCellMetadata, ClearOutput, GraderExecute])
 
@@ -174,8 +170,6 @@ def _same(a: Path, b: Path) -> bool:
 def check(names: list[str] | None = None, jobs: int = 1, solutions: Path = SOLUTIONS, exercises: Path = EXERCISES,
           echo=print) -> int:
     """0 when exercises/ is current and leak-free, solutions pass their tests and exercises fail each of them."""
-    from grader.grade import cores
-
     names = names or assignments(solutions)
     problems = []
     with tempfile.TemporaryDirectory() as tmp:

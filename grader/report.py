@@ -1,7 +1,9 @@
 """What the instructor reads: grades.csv, tests.csv, the class summary (table and plot) and HTML feedback.
 
-Scores always come from the gradebook (so manual grades entered in formgrader show up); the reasons come from the
-records `grader.grade` keeps in state/. Rows are sorted, so a serial and a parallel run write identical files.
+Scores always come from the gradebook (so manual grades entered in formgrader show up), laid over the verdicts
+`grader.grade` keeps in state/ (`grader.verdict`: the reasons, the notes, the sandbox's events); a test's status is
+`grader.codes.status_of` of the gradebook's points. Rows are sorted, so a serial, a parallel and a cluster run write
+identical files.
 """
 from __future__ import annotations
 
@@ -16,9 +18,15 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from nbgrader.api import MissingEntry
+from nbgrader.converters import GenerateFeedback
+from nbgrader.coursedir import CourseDirectory
+
+from grader.codes import Code, Status, status_of
 from grader.feedback_page import index_page
 from grader.nbtools import grade_id, nbgrader_meta, read
-from grader.workspace import Workspace, gradebook
+from grader.verdict import Row
+from grader.workspace import Workspace, base_config, gradebook
 
 GRADES_COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
                   "raw_score", "late_submission_penalty", "score", "max_score", "notes"]
@@ -40,14 +48,9 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
     return path
 
 
-def _status(points: float, top: float, missing: bool) -> str:
-    if missing:
-        return "missing"
-    return "passed" if points >= top else ("partial" if points > 0 else "failed")
-
-
 def per_test_rows(ws: Workspace) -> list[dict]:
-    """One row per student, notebook and graded cell, with the gradebook's points and the recorded reason."""
+    """One row per student, notebook and graded cell: the gradebook's points (manual grades included) laid over the
+    stored verdict's row (its reason, and whether its notebook was missing or the test held for review)."""
     ledgers = ws.ledgers()
     rows = []
     with gradebook(ws.gradebook) as gb:
@@ -55,23 +58,22 @@ def per_test_rows(ws: Workspace) -> list[dict]:
             for submission in gb.assignment_submissions(assignment):
                 student = submission.student.id
                 ledger = ledgers.get((student, assignment), {})
-                recorded = {(r["notebook"], r["grade_id"]): r for r in ledger.get("rows", [])}
+                recorded = {(r.notebook, r.grade_id): r for r in map(Row.from_dict, ledger.get("rows", []))}
                 position = {key: i for i, key in enumerate(recorded)}
                 scores = {(nb.name, g.name): g for nb in submission.notebooks for g in nb.grades}
                 for key in sorted(scores, key=lambda k: (position.get(k, len(position)), k)):
-                    grade, row = scores[key], recorded.get(key, {})
+                    grade, row = scores[key], recorded.get(key)
                     points, top = float(grade.score or 0.0), float(grade.max_score)
+                    status = status_of(points, top, missing=row is not None and row.status is Status.MISSING,
+                                       held=row is not None and row.status is Status.HELD)
                     rows.append({"student_id": student, "assignment": assignment, "notebook": key[0],
                                  "grade_id": key[1], "points": f"{points:g}", "max_points": f"{top:g}",
-                                 "status": _status(points, top, row.get("status") == "missing"),
-                                 "reason": row.get("reason", "")})
+                                 "status": status.value, "reason": row.reason if row else ""})
     return sorted(rows, key=lambda r: (r["student_id"], r["assignment"]))   # stable: keeps the cell order
 
 
 def grade_rows(ws: Workspace) -> list[dict]:
     """One row per student and assignment: nbgrader's `export` columns, plus the notes on the submission."""
-    from nbgrader.api import MissingEntry
-
     ledgers = ws.ledgers()
     failed = {(p.parent.name, p.name.removesuffix(".failed.json")) for p in ws.state.glob("*/*.failed.json")}
     rows = []
@@ -188,11 +190,11 @@ def summary(ws: Workspace, echo=print) -> list[Path]:
     for (student, assignment), ledger in ws.ledgers().items():
         for code in sorted({n["code"] for n in ledger.get("notes", [])}):
             issues[code].append(f"{student}/{assignment}")
-    from grader.sandbox import read_events
-
-    for events in sorted(ws.logs.glob("*/*.sandbox.jsonl")):  # logs/<student>/<assignment>.sandbox.jsonl
-        who = f"{events.parent.name}/{events.name.removesuffix('.sandbox.jsonl')}"
-        for event in read_events(events):
+    review = []
+    for (student, assignment), ledger in sorted(ws.ledgers().items()):
+        who = f"{student}/{assignment}"
+        review += [(who, n["detail"]) for n in ledger.get("notes", []) if n["code"] == Code.REVIEW]
+        for event in ledger.get("events", []):
             label = f"sandbox {event.get('event', '?')}" + (f" ({event['kind']})" if event.get("kind") else "")
             if who not in issues[label]:
                 issues[label].append(who)
@@ -203,6 +205,10 @@ def summary(ws: Workspace, echo=print) -> list[Path]:
     for r in sorted(rows, key=lambda r: (float(r["pass_rate"]), r["assignment"], r["grade_id"])):
         lines.append(f"| {r['assignment']} / {r['grade_id']} | {r['checks']} | {r['passed']}/{r['students']} "
                      f"({100 * float(r['pass_rate']):.0f}%) | {r['most_common_failure'].replace('|', '/')} |")
+    if review:
+        lines += ["", "## Needs review\n", "Held for review: their held points score 0 until you have looked at them "
+                  "(grade them by hand in formgrader).\n", "| submission | reason |", "|---|---|"]
+        lines += [f"| {who} | {reason.replace('|', '/')} |" for who, reason in review]
     lines += ["", "## What went wrong with submissions\n", "| issue | submissions |", "|---|---|"]
     for code in sorted(issues):
         lines.append(f"| {code} | {len(issues[code])}: {', '.join(issues[code])} |")
@@ -221,13 +227,8 @@ def summary(ws: Workspace, echo=print) -> list[Path]:
 
 def _feedback_one(root: str, student: str, assignment: str) -> str | None:
     """nbgrader generate_feedback for one submission (in a pool process); an error message or None."""
-    from nbgrader.converters import GenerateFeedback
-    from nbgrader.coursedir import CourseDirectory
-
-    from grader.workspace import course_config
-
     logging.getLogger().setLevel(logging.ERROR)
-    config = course_config(Path(root))
+    config = base_config(Path(root))
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id, coursedir.student_id = assignment, glob.escape(student)
     try:

@@ -83,38 +83,12 @@ def gradebook(path: Path):
     return Gradebook(f"sqlite:///{path}", course_id())
 
 
-def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeout: int = 0, memory: int = 0,
-                  file_size: int = 0, threads: int = 0, transport: str = "tcp", kernel_paths: dict | None = None,
-                  sandbox: bool = False, compile_cache: str = "") -> Config:
-    """nbgrader configuration for the course at `root`, with the grader's executor and kernel manager.
-
-    `kernel_paths` may set GraderKernelManager's runtime_dir, tmp_dir, pid_dir and log_path. With `sandbox`, student
-    kernels run in the bubblewrap sandbox (grader/sandbox/), starting from the warm `compile_cache` when given.
-    """
-    from nbgrader.converters import Autograde
-    from nbgrader.preprocessors import Execute
-
-    from grader.execute import GraderExecute
-    from grader.kernel import GraderKernelManager
-    from grader.sandbox import SandboxedKernelManager
-
+def base_config(root: Path) -> Config:
+    """The course's nbgrader configuration for the course folder at `root`, for nbgrader steps that run no kernel
+    (generate_assignment, generate_feedback). Those that do take `grader.nbconfig.course_config`."""
     use_nbgrader_in_process()
     config = load_course_config()
     config.CourseDirectory.root = str(root)
-    config.Autograde.autograde_preprocessors = [
-        GraderExecute if pp is Execute else pp for pp in Autograde.class_traits()["autograde_preprocessors"].default()]
-    config.OverwriteCells.add_missing_cells = True
-    config.Execute.kernel_manager_class = SandboxedKernelManager if sandbox else GraderKernelManager
-    if cell_timeout:
-        config.Execute.timeout = int(cell_timeout)
-    config.GraderExecute.notebook_timeout = int(notebook_timeout)
-    manager = config.GraderKernelManager
-    manager.memory_limit, manager.file_size_limit, manager.threads = int(memory), int(file_size), int(threads)
-    manager.transport = transport
-    if compile_cache:
-        config.SandboxedKernelManager.compile_cache = str(compile_cache)
-    for name, value in (kernel_paths or {}).items():
-        setattr(manager, name, str(value))
     return config
 
 
@@ -207,7 +181,7 @@ class Workspace:
             shutil.rmtree(frozen, ignore_errors=True)
             shutil.copytree(source_root / name, frozen,
                             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-            config = course_config(self.root)
+            config = base_config(self.root)
             coursedir = CourseDirectory(config=config)
             coursedir.assignment_id = name
             GenerateAssignment(coursedir=coursedir, config=config, force=True).start()

@@ -1,4 +1,4 @@
-"""The instructor grader (`python -m grader`) on the fixture assignment of grader/fixture.py (no course notebooks).
+"""The instructor grader (`python -m grader`) on the fixture assignment of tests/students.py (no course notebooks).
 
 One class of broken submissions is graded in parallel once (module fixture): every student gets exactly the points
 the cells they got right are worth (test_square 1, test_halve 2, test_mean 4, test_double 8), with the reason
@@ -7,11 +7,8 @@ The commands run in this process (`grader.cli.main`), except the one that is kil
 """
 from __future__ import annotations
 
-import contextlib
 import csv
-import hashlib
 import html
-import io
 import os
 import shutil
 import signal
@@ -22,12 +19,21 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
+from traitlets.config import Config
 
-from grader import fixture, sandbox
-from grader.feedback_page import PLAIN
-from grader.nbtools import ROOT, config_env, read
+from grader import outcome, sandbox
+from grader.codes import Code, Scope
+from grader.execute import GraderExecute
+from grader.kernel import GraderKernelManager
+from grader.limits import Limits, parse_size
+from grader.nbtools import ROOT, cell_scores, config_env, read
+from grader.release import check, find_leaks, release
+from grader.report import summary_figure
+from grader.sandbox import SandboxedKernelManager
+from tests import students as fixture
+from tests.students import grader, tree_digest
 
-# student -> (kind for fixture.make_student, expected points, note codes that must be recorded)
+# student -> (kind for students.make_student, expected points, note codes that must be recorded)
 CLASS = {
     "right": ("right", 15, set()),
     "blank": ("blank", 0, set()),
@@ -49,6 +55,7 @@ CLASS = {
     "sys-exit": ("sys_exit", 15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
     "flood": ("flood", 15, {"output-truncated"}),
     "writes-files": ("writes_files", 15, {"wrote-files"}),
+    "held": ("held", 14, {"review"}),                # square held for review: 0 until an instructor looks
     # student kernels run in the sandbox, where the course repository is not visible
     "peeks": ("peeks", 15 if sandbox.status()[0] and os.environ.get("GRADER_SANDBOX") != "off" else 14, set()),
 }
@@ -56,28 +63,9 @@ SERIAL = ["os-exit", "truncated", "wrong-odd"]
 # 10 s a cell: on a busy machine (the suite runs files side by side) the memory bomb took over 4 s to reach its limit
 LIMITS = ["--timeout", "10", "--memory", "512M"]
 SERIAL_LIMITS = ["--timeout", "10", "--memory", "0.5GiB"]     # the same limits, the memory written another way
-# notes about the submission as a whole: shown once at the top of the feedback page, never in a test's row
-SUBMISSION_LEVEL = ("extra-files", "renamed", "kernel-name", "memory-limit", "wrote-files")
-
-
-def grader(*args: str) -> str:
-    """`python -m grader ARGS` in this process (its stdout); SystemExit or a non-zero status fails the test."""
-    from grader.cli import main
-
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        status = main(list(args))
-    assert status == 0, f"python -m grader {' '.join(args)} exited {status}:\n{buffer.getvalue()}"
-    return buffer.getvalue()
-
-
-def tree_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*")):
-        digest.update(str(path.relative_to(folder)).encode())
-        if path.is_file():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+# notes about the submission as a whole: shown once at the top of the feedback page, never in the row of a test whose
+# notebook was graded
+SUBMISSION_LEVEL = [code.value for code in Code if code.scope is Scope.SUBMISSION]
 
 
 def rows(path: Path) -> list[dict]:
@@ -112,11 +100,12 @@ def test_each_submission_gets_the_points_it_earned_with_the_reason(graded, stude
     for row in mine:
         if row["status"] != "passed":
             assert row["reason"], f"{student}: {row['grade_id']} lost points without a reason"
-        assert not any(f"{code}:" in row["reason"] for code in SUBMISSION_LEVEL), \
-            f"{student}: a submission-level note in the row of {row['grade_id']}: {row['reason']!r}"
+        if row["status"] != "missing":      # a notebook that could not be graded: its rows say why, once each
+            assert not any(f"{code}:" in row["reason"] for code in SUBMISSION_LEVEL), \
+                f"{student}: a submission-level note in the row of {row['grade_id']}: {row['reason']!r}"
     page = (out / "feedback" / student / fixture.ASSIGNMENT / "index.html").read_text()
     for code in codes:
-        assert html.escape(PLAIN[code]) in page, f"{student}: the feedback page does not explain {code!r}"
+        assert html.escape(Code(code).text) in page, f"{student}: the feedback page does not explain {code!r}"
     grade = [r for r in rows(out / "grades.csv") if r["student_id"] == student]
     assert len(grade) == 1 and float(grade[0]["score"]) == points and float(grade[0]["max_score"]) == 15
     assert set(filter(None, grade[0]["notes"].split(", "))) >= codes
@@ -128,8 +117,6 @@ def test_each_submission_gets_the_points_it_earned_with_the_reason(graded, stude
 def test_gradebook_feedback_and_summary(graded):
     """nbgrader's gradebook holds every cell score; HTML feedback for all; the summary's pass rates add up."""
     _, _, out, stdout = graded
-    from grader.nbtools import cell_scores
-
     scores = cell_scores(out, fixture.ASSIGNMENT)
     assert {r.student for r in scores} == set(CLASS) and len(scores) == 4 * len(CLASS)
     graded_notebooks = sorted(out.glob("autograded/*/*/*.ipynb"))
@@ -154,17 +141,30 @@ def test_feedback_page_explains_a_memory_bomb_once_and_keeps_the_points(graded):
     """The bomb's page: memory-limit once at the top with the cell and the limit; every test keeps its points."""
     _, _, out, _ = graded
     page = (out / "feedback" / "memory" / fixture.ASSIGNMENT / "index.html").read_text()
-    assert "15 / 15 points" in page and page.count(html.escape(PLAIN["memory-limit"])) == 1
+    assert "15 / 15 points" in page and page.count(html.escape(Code.MEMORY_LIMIT.text)) == 1
     assert "MemoryError" in page and "0.50 GiB" in page and "(square)" in page, page
     assert "grader-error" not in page and "integrity" not in page
     tampered = (out / "feedback" / "tampered" / fixture.ASSIGNMENT / "index.html").read_text()
-    assert tampered.count(html.escape(PLAIN["metadata-edited"])) == 1, "one line for all the edited cells"
+    assert tampered.count(html.escape(Code.METADATA_EDITED.text)) == 1, "one line for all the edited cells"
+
+
+def test_a_held_submission_is_listed_for_review_with_its_reason(graded):
+    """A test cell held for review: status `held` and the reason in tests.csv, `review` in grades.csv, and the
+    submission under "Needs review" in summary.md."""
+    _, _, out, _ = graded
+    held = {r["grade_id"]: r for r in rows(out / "tests.csv") if r["student_id"] == "held"}
+    print(held)
+    assert held["test_square"]["status"] == "held" and float(held["test_square"]["points"]) == 0
+    assert "os.kill() in cell 3, line 2" in held["test_square"]["reason"]
+    assert all(r["status"] == "passed" for gid, r in held.items() if gid != "test_square")
+    summary = (out / "summary.md").read_text()
+    review = summary.split("## Needs review", 1)[1].split("\n## ", 1)[0]
+    assert f"| held/{fixture.ASSIGNMENT} |" in review and "os.kill() in cell 3, line 2" in review, summary
+    assert "| right/" not in review
 
 
 def test_summary_figure_shows_whole_descriptions():
     """summary.png: a long test description is wrapped, not cut, and every label lies inside the saved picture."""
-    from grader.report import summary_figure
-
     long = ("Check that the training step moves the model, the batch and the loss to the device, scales the loss "
             "and steps the optimiser exactly once per batch")
     rows = [{"assignment": "04-amp", "grade_id": f"test_{i}", "checks": long if i else "short", "pass_rate": "0.5"}
@@ -250,11 +250,6 @@ def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path)
 # ---------------------------------------------------------------- the executor and the kernel launch point
 
 def _execute(sources: list[str], tmp_path: Path, manager=None, **config) -> nbformat.NotebookNode:
-    from traitlets.config import Config
-
-    from grader.execute import GraderExecute
-    from grader.kernel import GraderKernelManager
-
     cfg = Config()
     for key, value in config.items():
         section, name = key.split("__")
@@ -301,9 +296,6 @@ BOMBS = {   # kind of limit -> a cell that passes it (the sandbox's limits are s
 def test_each_limit_is_reported_as_itself_and_earlier_cells_keep_their_work(tmp_path):
     """Memory (all processes together), CPU time, processes and output: the kernel is stopped in the bomb's cell,
     which is marked <kind>-limit with the limit; the cells before it keep their results and the next cells run."""
-    from grader import outcome
-    from grader.sandbox import SandboxedKernelManager
-
     sources = ["a = 1"]
     for bomb in BOMBS.values():
         sources += [bomb, "print(a)"]
@@ -337,8 +329,6 @@ def test_kernel_gets_its_thread_share_limits_and_ipc_transport(tmp_path):
 
 def test_sizes_are_read_one_way_everywhere():
     """`--memory`, `--max-file-size` and GRADER_SANDBOX_* all go through grader.limits.parse_size."""
-    from grader.limits import Limits, parse_size
-
     assert [parse_size(t) for t in ("4G", "1.5GiB", "512M", "64k", "2GB", "1000", 7)] == [
         4 * 2**30, 3 * 2**29, 2**29, 2**16, 2**31, 1000, 7]
     with pytest.raises(ValueError, match="not a size: '1.5 gigs'"):
@@ -352,8 +342,6 @@ def test_sizes_are_read_one_way_everywhere():
 # ---------------------------------------------------------------- release and check
 
 def test_release_refuses_leaks_and_check_validates(tmp_path):
-    from grader.release import check, find_leaks, release
-
     solutions = fixture.write_source(tmp_path / "course").parent
     exercises = tmp_path / "course" / "exercises"
     out: list[str] = []
@@ -383,8 +371,6 @@ def test_release_refuses_leaks_and_check_validates(tmp_path):
 
 def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
     """A lesson cell that pastes 3 lines of a longer solution is a leak; one short line quoted in a hint is not."""
-    from grader.release import find_leaks
-
     def notebook(*sources: str) -> nbformat.NotebookNode:
         return new_notebook(cells=[new_code_cell(source) for source in sources])
 

@@ -41,9 +41,10 @@ from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell
 
-from grader import edition, fixture
+from grader import edition
 from grader import publish as pub
 from grader.nbtools import ROOT, SOLUTIONS, read
+from tests import students as fixture
 from tests.test_runall import unsolved_run_problems
 from tests.wheels import build_wheel, cached_venv, commit_all, copy_project, pip, see_project_packages, site_packages
 

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.sandbox.layers import layer
 from grader.sandbox.probe import bwrap, features, namespace_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,8 +184,6 @@ def _home(plan: MountPlan) -> Path:
     for font_cache in _mpl_cache().glob("fontlist-v*.json"):
         shutil.copy2(font_cache, home / ".cache" / "matplotlib" / font_cache.name)
     if plan.warm_cache is not None and plan.warm_cache.is_dir():
-        from grader.compile_cache import layer
-
         # hard links only where the kernel's uid does not own the shared files (root mode); else its own copies
         layer(plan.warm_cache, home / Path(INSIDE_COMPILE_CACHE).relative_to(INSIDE_HOME), link=plan.root_mode)
     if plan.root_mode:

@@ -1,4 +1,5 @@
-"""A tiny nbgrader assignment and synthetic students, for the grader's tests and benchmark.
+"""Test support: a tiny nbgrader assignment, synthetic students and class builders, for the grader's tests and the
+benches (which import it from here: `from tests import students`). Not part of the product package.
 
 The assignment `00-fixture` has two notebooks and four graded test cells worth 1, 2, 4 and 8 points, so every
 total names the cells that passed. Its cells are cheap (no torch). `make_student` turns any source/release pair
@@ -7,6 +8,9 @@ uses the same functions on a real course assignment.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +18,9 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from grader.cli import main
 from grader.nbtools import ROOT, SOLUTION_MARKERS, grade_id, nbgrader_meta, read
+from grader.release import generate
 
 ASSIGNMENT = "00-fixture"
 POINTS = {"test_square": 1, "test_halve": 2, "test_mean": 4, "test_double": 8}
@@ -120,6 +126,11 @@ MISBEHAVIOUR = {
     "flood": "for __i in range(20000):\n    print('flood line', __i)",
     # a student who could see the course repository (the solutions) would lose `square`: the sandbox hides it
     "peeks": f"import os\nif os.path.isdir({str(ROOT / 'solutions')!r}):\n    del square",
+    # what the kernel-side judgement leaves in a test cell it holds for review (an error named HeldForReview whose
+    # value is the reason): here raised by the answer itself when the test calls it
+    "held": ("class HeldForReview(Exception):\n    pass\n__square = square\n"
+             "def square(x):\n    if x == 3:\n        raise HeldForReview('os.kill() in cell 3, line 2 interferes "
+             "with grading')\n    return __square(x)"),
     "writes_files": ("open('scribble.txt', 'w').write('x')\nimport pathlib\n"
                      "pathlib.Path('../../../scribble-up.txt').write_text('x')"),
 }
@@ -185,8 +196,6 @@ def make_student(dest: Path, kind: str, release_dir: Path, source_dir: Path, see
 
 def release_of(solutions: Path, assignment: str, scratch: Path) -> Path:
     """The nbgrader release of `solutions/<assignment>`, generated in the scratch course `scratch`."""
-    from grader.release import generate
-
     return generate([assignment], solutions, scratch) / assignment
 
 
@@ -205,3 +214,24 @@ def build_class(root: Path, students: dict[str, str], solutions: Path | None = N
         for seed, (student, kind) in enumerate(sorted(students.items())):
             make_student(root / "submissions" / student / name, kind, release, solutions / name, seed)
     return solutions, root / "submissions"
+
+
+# ---------------------------------------------------------------- running the grader in a test
+
+def grader(*args: str) -> str:
+    """`python -m grader ARGS` in this process (its stdout); SystemExit or a non-zero status fails the test."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        status = main(list(args))
+    assert status == 0, f"python -m grader {' '.join(args)} exited {status}:\n{buffer.getvalue()}"
+    return buffer.getvalue()
+
+
+def tree_digest(folder: Path) -> str:
+    """A hash of a folder's names and contents."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
