@@ -21,7 +21,8 @@ JUPYTER = frozenset({"nbformat", "nbclient", "nbconvert", "nbgrader", "ipykernel
 # The costliest test files, costliest first (from `--durations`). pytest-xdist (`make test`: -n auto --dist loadfile)
 # runs each file whole on one worker, and starting the long ones first keeps every core busy to the end. The order
 # changes only the wall time; tests within a file keep their order.
-COSTLIEST = ["test_roundtrip.py", "test_browser.py", "test_grader.py", "test_cluster.py", "test_mutations.py",
+COSTLIEST = ["test_roundtrip.py", "test_attacks.py", "test_browser.py", "test_grader.py", "test_cluster.py",
+             "test_mutations.py",
              "test_distributed.py", "test_sandbox.py", "test_readme.py"]
 
 
