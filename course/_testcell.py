@@ -156,16 +156,22 @@ def attempt(function: Any, *args: Any, **kwargs: Any) -> Any:
         return error
 
 
-try:  # bound at import, before any learner code runs: a later `IPython.display.display = ...` does not reach probes
-    from IPython.display import display as _display_data
-except ImportError:  # plain Python: no grader kernel either
-    _display_data = None
+# Bound at import in a kernel (IPython already loaded, before any learner code runs), so that a later
+# `IPython.display.display = ...` does not reach the probes; plain Python imports nothing more here.
+_display_data = None
+if "IPython" in sys.modules:
+    try:
+        from IPython.display import display as _display_data
+    except ImportError:
+        _display_data = None
 
 
 def _emit(name: str, text: str) -> None:
     """One probe's observations, as a display output of the running test cell (read by the grader, then removed)."""
-    _display_data({observe.MIME: {"name": name, "observations": text}, "text/plain": f"[observations of {name}]"},
-            raw=True)
+    from IPython.display import display
+
+    send = _display_data or display
+    send({observe.MIME: {"name": name, "observations": text}, "text/plain": f"[observations of {name}]"}, raw=True)
 
 
 def _note_stderr(text: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from grader import report, sandbox
 from grader.grade import Options, autograde, start_workers
 from grader.limits import cores, parse_size
-from grader.nbtools import EXERCISES, SOLUTIONS
+from grader.nbtools import EXERCISES, ROOT, SOLUTIONS
 from grader.publish import publish, stamp_solutions
 from grader.release import check, release
 from grader.workspace import Workspace
@@ -129,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _out(args) -> Path:
-    from grader.nbtools import ROOT
-
     return (args.out or ROOT / "grading").resolve()          # git-ignored in the repository
 
 

@@ -160,7 +160,8 @@ class GraderExecute(Execute):
             if cell.cell_type == "code" and nbgrader_meta(cell).get("grade"):
                 errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
                 would = "failed" if errors else "passed"
-                cell.outputs = [judge.error(judge.HELD, f"held for review: {why} (without the hold this test {would})"),
+                cell.outputs = [judge.error(judge.HELD, f"held for review because of {why}; without the hold this "
+                                                        f"test {would}"),
                                 *cell.get("outputs", [])]
         self.nb.metadata.setdefault("grader", {})["review"] = sorted(set(reviews))
 

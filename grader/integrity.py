@@ -429,6 +429,7 @@ class Guard:
         self._objects = []              # _ObjectSnap of the shell, the kernel, the session
         self._builtins = None
         self._pristine = None
+        self._shell_builtins = {}
         self._pending = []
         self._seen = set()
         self._cells = 0
@@ -495,6 +496,8 @@ class Guard:
         self._shell = shell
         self._builtins = {k: v for k, v in vars(builtins).items() if k not in VOLATILE_BUILTINS}
         self._pristine = types.MappingProxyType(dict(vars(builtins)))
+        # what IPython itself puts in the notebook namespace under a builtin's name (IPython 8+: its own `open`)
+        self._shell_builtins = {k: v for k, v in shell.user_ns.items() if k in self._pristine}
         self._user_builtins = shell.user_ns.get("__builtins__", builtins)
         shell.ast_transformers.append(self._unshadow)
         shell.events.register("pre_run_cell", self._pre_run_cell)
@@ -737,7 +740,8 @@ class Guard:
         names = set()
         for name in loaded - _bound_names(tree) - VOLATILE_BUILTINS:
             real = self._pristine.get(name, _MISSING)
-            if real is not _MISSING and ns.get(name, real) is not real:
+            current = ns.get(name, real)
+            if real is not _MISSING and current is not real and current is not self._shell_builtins.get(name):
                 names.add(name)
         if names:
             ns[PRISTINE] = self._pristine

@@ -219,7 +219,7 @@ def test_an_answer_cell_that_reaches_into_the_interpreter_is_held(mini, attack):
     _, _, rows = mini
     reason = rows[f"answer-{attack.name}", "test_add"]["reason"]
     assert _points(rows[f"answer-{attack.name}", "test_add"]) == 0
-    assert reason.startswith("HeldForReview: held for review: cell `add`"), reason
+    assert reason.startswith("HeldForReview: held for review because of cell `add`"), reason
 
 
 def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
