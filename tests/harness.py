@@ -87,15 +87,15 @@ def _torch_state():
         torch.set_num_threads(threads)
 
 
-def run_function_tests(notebook: Path, function: str, replacement: str | None = None) -> list[CellResult]:
+def run_function_tests(notebook: Path, function: str, replacement: str | None = None,
+                       nb: nbformat.NotebookNode | None = None) -> list[CellResult]:
     """Execute setup + solution cells (with `replacement` for `function`'s cell), then `function`'s test cells, with
-    torch's process-wide switches put back afterwards."""
+    torch's process-wide switches put back afterwards (`nb`: the notebook already read, e.g. with cells changed)."""
     with _torch_state():
-        return _run_function_tests(notebook, function, replacement)
+        return _run_function_tests(read(notebook) if nb is None else nb, function, replacement)
 
 
-def _run_function_tests(notebook: Path, function: str, replacement: str | None) -> list[CellResult]:
-    nb = read(notebook)
+def _run_function_tests(nb: nbformat.NotebookNode, function: str, replacement: str | None) -> list[CellResult]:
     ns: dict = {"__name__": "__main__"}
     for cell in nb.cells:
         if _is_setup(cell):
@@ -123,6 +123,23 @@ def _run_function_tests(notebook: Path, function: str, replacement: str | None) 
         result.stderr = err.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in escaped)
         results.append(result)
     return results
+
+
+def missed_without_visible_checks(notebook: Path, catalogue: Path) -> list[str]:
+    """The wrong variants of `catalogue` that pass `notebook`'s test cells once every visible check is switched off
+    (`    __check_<name>()` becomes `pass`): what the judges alone let through. The visible checks run in the learner's
+    kernel, where their code can make them pass (#21), so this list must be empty."""
+    def blind(cell_source: str, gid: str) -> str:
+        call = f"    __check_{gid.removeprefix('test_')}()\n"
+        assert call in cell_source, f"{gid}: no visible check to switch off"
+        return cell_source.replace(call, "    pass\n")
+
+    nb = read(notebook)
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade"):
+            cell.source = blind(cell.source, grade_id(cell))
+    return [f"{v.function}/{v.name}" for v in load_catalogue(catalogue) if v.wrong
+            and all(r.passed for r in run_function_tests(notebook, v.function, v.source, nb=nb))]
 
 
 def load_catalogue(path: Path) -> list[Variant]:

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from course import parity
+from grader import nbtools
+from tests.harness import missed_without_visible_checks
 
 
 def test_parity_data_is_loaded_once():
@@ -142,26 +144,9 @@ def test_notebook_lesson_cells_run_on_the_real_gpu(monkeypatch):
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()
 
 
-def test_the_judges_alone_catch_every_mistake(monkeypatch):
+def test_the_judges_alone_catch_every_mistake():
     """The visible check runs in the learner's kernel, where their code can make it pass (#21): with every visible
     check switched off, each wrong variant of the catalogue must still fail, on its judge alone."""
-    from grader import nbtools
-    from tests import harness
-
-    read = harness.read
-    notebook = nbtools.SOLUTIONS / "05-parity" / "parity.ipynb"
-
-    def without_visible_checks(path):
-        nb = read(path)
-        for cell in nb.cells:
-            if nbtools.nbgrader_meta(cell).get("grade"):
-                call = f"    __check_{nbtools.grade_id(cell).removeprefix('test_')}()\n"
-                assert call in cell.source, f"{nbtools.grade_id(cell)}: no visible check to switch off"
-                cell.source = cell.source.replace(call, "    pass\n")
-        return nb
-
-    monkeypatch.setattr(harness, "read", without_visible_checks)
-    catalogue = harness.load_catalogue(Path(__file__).parent / "mutations" / "parity.py")
-    missed = [f"{v.function}/{v.name}" for v in catalogue if v.wrong
-              and all(r.passed for r in harness.run_function_tests(notebook, v.function, v.source))]
+    missed = missed_without_visible_checks(nbtools.SOLUTIONS / "05-parity" / "parity.ipynb",
+                                           Path(__file__).parent / "mutations" / "parity.py")
     assert not missed, f"caught by the visible checks only: {missed}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grader import nbtools
-from tests.harness import graded_functions
+from tests.harness import graded_functions, missed_without_visible_checks
 
 ASSIGNMENT = "03-throughput"
 NOTEBOOK = nbtools.SOLUTIONS / ASSIGNMENT / "throughput.ipynb"
@@ -72,24 +72,9 @@ def test_hidden_tests_pass_on_a_real_gpu():
         assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
 
 
-def test_the_judges_alone_catch_every_mistake(monkeypatch):
+def test_the_judges_alone_catch_every_mistake():
     """The visible check runs in the learner's kernel, where their code can make it pass (#21): with every visible
     check switched off, each wrong variant of the catalogue must still fail, on its judge alone."""
-    from tests import harness
-
-    read = harness.read
-
-    def without_visible_checks(path):
-        nb = read(path)
-        for cell in nb.cells:
-            if nbtools.nbgrader_meta(cell).get("grade"):
-                call = f"    __check_{nbtools.grade_id(cell).removeprefix('test_')}()\n"
-                assert call in cell.source, f"{nbtools.grade_id(cell)}: no visible check to switch off"
-                cell.source = cell.source.replace(call, "    pass\n")
-        return nb
-
-    monkeypatch.setattr(harness, "read", without_visible_checks)
-    catalogue = harness.load_catalogue(Path(__file__).parent / "mutations" / "throughput.py")
-    missed = [f"{v.function}/{v.name}" for v in catalogue if v.wrong
-              and all(r.passed for r in harness.run_function_tests(NOTEBOOK, v.function, v.source))]
+    missed = missed_without_visible_checks(nbtools.SOLUTIONS / "03-throughput" / "throughput.ipynb",
+                                           Path(__file__).parent / "mutations" / "throughput.py")
     assert not missed, f"caught by the visible checks only: {missed}"
