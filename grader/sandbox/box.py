@@ -40,7 +40,7 @@ from grader.sandbox.mounts import (
 )
 from grader.sandbox.probe import USERNS_ID
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for the annotation only: the manager imports this module (a cycle at run time)
     from grader.sandbox.manager import SandboxedKernelManager
 
 INTEGRITY = ROOT / "grader" / "integrity.py"

@@ -9,7 +9,7 @@ import hashlib
 import inspect
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for the annotation only: box -> manager -> client would be a cycle at run time
     from grader.sandbox.box import KernelSandbox
 
 
