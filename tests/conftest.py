@@ -123,7 +123,7 @@ def _plan_grading(items) -> None:
         harness.plan(mark.args[0], variants() if variants else ())
 
 
-_MUTATIONS: list[tuple[str, str, bool, bool]] = []
+_MUTATIONS: list[tuple[str, str, bool, bool, bool]] = []
 
 
 def pytest_runtest_logreport(report):
@@ -145,12 +145,18 @@ def pytest_terminal_summary(terminalreporter):
         return
     wrong = [r for r in results if r[2]]
     right = [r for r in results if not r[2]]
-    caught = sum(r[3] for r in wrong)
+    caught, seen = sum(r[3] for r in wrong), sum(r[4] for r in wrong)
     false_failures = sum(r[3] for r in right)
+
+    def share(n: int, of: int) -> str:
+        return f"{n}/{of} ({100 * n / max(of, 1):.0f}%)"
+
     terminalreporter.section("mutation catalogue")
-    terminalreporter.write_line(f"mistakes detected: {caught}/{len(wrong)} ({100 * caught / max(len(wrong), 1):.0f}%); "
+    terminalreporter.write_line(f"mistakes detected: {share(caught, len(wrong))}; by the visible checks alone "
+                                f"(hidden tests stripped): {share(seen, len(wrong))}; "
                                 f"false failures of correct variants: {false_failures}/{len(right)}")
     for topic in sorted({r[0] for r in results}):
         w = [r for r in wrong if r[0] == topic]
         terminalreporter.write_line(f"  {topic:<12} {sum(r[3] for r in w)}/{len(w)} mistakes caught, "
+                                    f"{sum(r[4] for r in w)} by the visible checks, "
                                     f"{sum(r[3] for r in right if r[0] == topic)} false failures")

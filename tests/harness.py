@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import io
 import os
+import re
 import sys
 import threading
 import traceback
@@ -125,21 +126,46 @@ def _run_function_tests(nb: nbformat.NotebookNode, function: str, replacement: s
     return results
 
 
-def missed_without_visible_checks(notebook: Path, catalogue: Path) -> list[str]:
-    """The wrong variants of `catalogue` that pass `notebook`'s test cells once every visible check is switched off
-    (`    __check_<name>()` becomes `pass`): what the judges alone let through. The visible checks run in the learner's
-    kernel, where their code can make them pass (#21), so this list must be empty."""
-    def blind(cell_source: str, gid: str) -> str:
-        call = f"    __check_{gid.removeprefix('test_')}()\n"
-        assert call in cell_source, f"{gid}: no visible check to switch off"
-        return cell_source.replace(call, "    pass\n")
+HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS\n.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
 
+
+def without_hidden_tests(source: str) -> str:
+    """A test cell as the released exercise holds it: every `### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS`
+    region removed, as nbgrader's release does."""
+    return HIDDEN.sub("", source)
+
+
+def without_visible_checks(source: str) -> str:
+    """A test cell with its visible check switched off: the statements of `with checks.graded(...):` that come before
+    its `### BEGIN HIDDEN TESTS` become `pass`, whatever form the visible check takes."""
+    lines = source.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("with checks.graded(")]
+    assert len(starts) == 1, f"no single `with checks.graded(...):` in:\n{source[-600:]}"
+    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].strip() == "### BEGIN HIDDEN TESTS"), None)
+    assert end and end > starts[0] + 1, f"no visible check before the hidden tests in:\n{source[-600:]}"
+    return "".join(lines[:starts[0] + 1] + ["    pass\n"] + lines[end:])
+
+
+def _each_test_cell(notebook: Path, change) -> nbformat.NotebookNode:
     nb = read(notebook)
     for cell in nb.cells:
-        if nbgrader_meta(cell).get("grade"):
-            cell.source = blind(cell.source, grade_id(cell))
+        if nbgrader_meta(cell).get("grade") and not nbgrader_meta(cell).get("solution"):
+            cell.source = change(cell.source)
+    return nb
+
+
+def missed_without_visible_checks(notebook: Path, catalogue: Path) -> list[str]:
+    """The wrong variants of `catalogue` that pass `notebook`'s test cells once every visible check is switched off:
+    what the judges alone let through. The visible checks run in the learner's kernel, where their code can make
+    them pass (#21), so this list must be empty."""
+    nb = _each_test_cell(notebook, without_visible_checks)
     return [f"{v.function}/{v.name}" for v in load_catalogue(catalogue) if v.wrong
             and all(r.passed for r in run_function_tests(notebook, v.function, v.source, nb=nb))]
+
+
+def visible_notebook(notebook: Path) -> nbformat.NotebookNode:
+    """`notebook` with its hidden tests stripped: the checks a self-study learner has."""
+    return _each_test_cell(notebook, without_hidden_tests)
 
 
 def load_catalogue(path: Path) -> list[Variant]:

@@ -72,6 +72,12 @@ def lab(tmp_path_factory):
     news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"  # no "get Jupyter news?" pop-up over cells
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    # The test saves each notebook itself. Autosave racing that save, or a save slower than the 0.5 s margin on a busy
+    # machine, opens a spurious "File Changed" dialog over the page (jupyterlab/jupyterlab#7743) that blocks every
+    # later click; nothing else writes these files.
+    docs = tmp / "lab-settings" / "@jupyterlab" / "docmanager-extension"
+    docs.mkdir(parents=True)
+    (docs / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False, "lastModifiedCheckMargin": 60_000}))
     env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
            "MPLBACKEND": None}  # conftest sets Agg for pytest; kernels must use the notebook's inline backend
     # expose_app_in_browser: the test opens notebooks through JupyterLab's own commands (window.jupyterapp).
@@ -151,6 +157,9 @@ def save(page, panel_id: str, tree: Path, path: str) -> dict:
         const w = [...window.jupyterapp.shell.widgets('main')].find(w => w.id === id);
         await w.context.save();
     }""", panel_id)
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():  # a dialog left open blocks every later click: say what it asked
+        raise AssertionError(f"saving {path} opened a dialog: {dialog.first.inner_text()[:500]}")
     return json.loads((tree / path).read_text())
 
 

@@ -390,7 +390,7 @@ def raise_from_a_library():
 
 
 def test_ipython_shows_the_learners_line_and_the_message_not_the_helpers(capsys):
-    """One frame of course/checks.py at most (the raise itself): the helpers' frames are hidden."""
+    """One frame of course/checks/ at most (the raise itself): the helpers' frames are hidden."""
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
@@ -401,7 +401,7 @@ def test_ipython_shows_the_learners_line_and_the_message_not_the_helpers(capsys)
                        "__check()\n", store_history=False)
     text = out.getvalue()
     assert "✗ pick_device(): expected 'cpu', got torch.device('cpu')" in text
-    assert "skipping hidden" in text and text.count("checks.py") <= 1, text
+    assert "skipping hidden" in text and text.count("course/checks/") <= 1, text
     assert "_difference" not in text and "def expect_equal" not in text
 
 

@@ -1,7 +1,9 @@
 """The mutation catalogue: every typical mistake fails its test cells, every correct variant passes.
 
 Each variant runs in-process against the notebook's own test cells, visible and hidden, as written in solutions/.
-The detection rate is printed at the end of the pytest run.
+A wrong variant runs first against the visible checks alone (the hidden tests stripped, as a self-study learner has
+them): what they catch, the full cells catch too, since the visible check runs first in each. The detection rates,
+with and without the hidden tests, are printed at the end of the pytest run.
 """
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from grader import nbtools
-from tests.harness import graded_functions, load_catalogue, run_function_tests
+from tests.harness import graded_functions, load_catalogue, run_function_tests, visible_notebook
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
-RESULTS = "mutation-results"  # the user property that carries [(topic, "function/variant", wrong, caught)] to conftest
+RESULTS = "mutation-results"  # the user property: [(topic, "function/variant", wrong, caught, caught visibly)]
 
 
 def _notebook(topic: str) -> Path:
@@ -37,13 +39,15 @@ def test_catalogue_covers_every_graded_function(catalogue: Path):
 def test_catalogue_variants_are_judged_right(catalogue: Path, record_property):
     """Wrong variants fail their function's test cells; correct variants pass them with nothing on stderr."""
     notebook = _notebook(catalogue.stem)
+    visible = visible_notebook(notebook)
     problems, judged = [], []
     record_property(RESULTS, judged)  # conftest prints the detection rate (also from pytest-xdist's workers)
     for v in load_catalogue(catalogue):
-        results = run_function_tests(notebook, v.function, v.source)
-        assert results, f"{notebook}: no test cells named test_{v.function}*"
-        caught = not all(r.passed for r in results)
-        judged.append((catalogue.stem, f"{v.function}/{v.name}", v.wrong, caught))
+        seen = v.wrong and not all(r.passed for r in run_function_tests(notebook, v.function, v.source, nb=visible))
+        results = [] if seen else run_function_tests(notebook, v.function, v.source)
+        assert seen or results, f"{notebook}: no test cells named test_{v.function}*"
+        caught = seen or not all(r.passed for r in results)
+        judged.append((catalogue.stem, f"{v.function}/{v.name}", v.wrong, caught, seen))
         if caught != v.wrong:
             detail = "; ".join(f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed)
             verdict = "wrong, not caught" if v.wrong else "correct, failed: " + detail
