@@ -1,7 +1,8 @@
 """Self-check helpers for the notebooks' test cells.
 
 Introduced in 01-device; used by every notebook. Each notebook's visible checks live in the module of this package
-named like the notebook (`course.checks.amp` for 04-amp/amp.ipynb), so that a test cell reads as one call. A failed check raises AssertionError("✗ what. Fix: how"): one line
+named like the notebook (`course.checks.amp` for 04-amp/amp.ipynb), so that a test cell reads as one call.
+A failed check raises AssertionError("✗ what. Fix: how"): one line
 that says what was expected, what came back and what to change. The helpers' own frames are hidden from the
 traceback (`__tracebackhide__`, honoured by IPython and pytest), so the learner sees their call and that line.
 
