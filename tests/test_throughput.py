@@ -45,14 +45,26 @@ def test_opens_with_the_colab_cell_and_the_setup_cell():
     assert nbtools.grade_id(code[1]) == "setup" and nbtools.nbgrader_meta(code[1]).get("locked")
 
 
-def test_test_cells_restore_the_thread_count_and_leave_no_globals():
-    """Test cells run inside dunder functions (deleted afterwards) and with one thread, restored on exit."""
-    for cell in _cells():
-        meta = nbtools.nbgrader_meta(cell)
-        if meta.get("grade"):
-            name = f"__check_{meta['grade_id'].removeprefix('test_')}"
-            assert f"def {name}():" in cell.source and f"\ndel {name}" in cell.source
-            assert "with num_threads(1)" in cell.source and "warnings.catch_warnings(record=True)" in cell.source
+def test_test_cells_are_short_and_their_checks_restore_the_thread_count():
+    """Each test cell is one call of course.checks.throughput; the checks time on one thread and note warnings on
+    stdout, and put the thread count back afterwards."""
+    import torch
+
+    from course.checks import throughput
+    from tests.harness import load_catalogue
+    from tests.test_device import assert_short_test_cells
+
+    assert_short_test_cells(NOTEBOOK, "throughput")
+    source = Path(throughput.__file__).read_text()
+    assert "num_threads(1)" in source and "noting_warnings()" in source
+    [wrong] = [v for v in load_catalogue(Path(__file__).parent / "mutations" / "throughput.py")
+               if v.name == "drops_first_timed_call"]
+    ns = {"torch": torch, "time": __import__("time"), "statistics": __import__("statistics")}
+    exec(wrong.source, ns)  # noqa: S102 - a catalogue variant
+    before = torch.get_num_threads()
+    with pytest.raises(AssertionError, match="time_gpu"):
+        throughput.check_time_gpu(ns["time_gpu"])
+    assert torch.get_num_threads() == before
 
 
 def test_the_library_has_no_timer_under_another_name():

@@ -15,7 +15,7 @@ from course import transfer
 from course.simgpu import gpu_work, simulated_cuda
 from grader.nbtools import SOLUTIONS
 from tests.harness import load_catalogue, run_function_tests
-from tests.test_device import judges_apart
+from tests.test_device import assert_short_test_cells, judges_apart
 
 ASSIGNMENT = "02-transfer"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "transfer.ipynb"
@@ -128,6 +128,10 @@ def test_graded_cells_define_what_their_grade_id_names():
     for name, source in solutions.items():
         assert f"def {name}(" in source, f"solution cell {name} does not define {name}"
     assert grade_id(nb.cells[1]) == "colab_setup" and grade_id(nb.cells[2]) == "setup"
+
+
+def test_test_cells_are_short_and_call_the_library():
+    assert_short_test_cells(NOTEBOOK, "transfer")
 
 
 def test_the_warning_variant_really_warns():

@@ -1,0 +1,270 @@
+"""The visible checks of 03-throughput/throughput.ipynb: one function per graded exercise, called from its test cell.
+
+Each check times work of a known cost: sleeps on the CPU, and declared GPU work on a simulated T4
+(`course.simgpu`, whose stream runs ahead of the host as a real GPU's does), so that a missing synchronisation, a
+timed warm-up or a miscounted batch changes the figure. Expectations come from those declared costs alone. The
+hidden tests check more at grading (on a real GPU where there is one, other sizes and schedules).
+
+Introduced in 03-throughput.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from course.checks import check, expect_type, passed
+from course.checks.device import noting_warnings
+from course.timing import num_threads
+
+__all__ = ["check_measure_throughput", "check_time_gpu", "check_train_throughput"]
+
+_CPU = torch.device("cpu")
+_MS = 20.0  # what one call keeps the simulated GPU busy for, in the GPU checks
+
+
+@contextmanager
+def _quiet_machine() -> Iterator[list]:
+    """One torch thread (a busy shared machine cannot stall these tiny workloads in the thread pool) and warnings
+    noted on stdout."""
+    with num_threads(1), noting_warnings() as caught:
+        yield caught
+
+
+@contextmanager
+def _counting_events(counter: list) -> Iterator[None]:
+    real = torch.cuda.Event
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counter.append(1)
+        return real(*args, **kwargs)
+
+    torch.cuda.Event = counting
+    try:
+        yield
+    finally:
+        torch.cuda.Event = real
+
+
+def _timed(time_gpu: Callable, fn: Callable, device: torch.device, iters: int, warmup: int, where: str) -> float:
+    __tracebackhide__ = True
+    try:
+        got = time_gpu(fn, device, iters=iters, warmup=warmup)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, ValueError, ArithmeticError) as err:
+        check(False, f"time_gpu(fn, {where}, iters={iters}, warmup={warmup}) raised {type(err).__name__}: {err}",
+              "work for any iters >= 1 and warmup >= 0; on CUDA create the events with "
+              "torch.cuda.Event(enable_timing=True) and synchronise before elapsed_time()")
+    expect_type(got, float, f"time_gpu's result {where}", "return the median as a Python float")
+    return got
+
+
+def check_time_gpu(time_gpu: Callable) -> None:
+    """time_gpu on the CPU (calls of known length, one slow call, no warm-up) and on a simulated T4."""
+    __tracebackhide__ = True
+    from course.simgpu import gpu_work, simulated_cuda
+
+    calls: list = []
+    counted = "call fn() `warmup` times untimed, then exactly `iters` times timed"
+    with _quiet_machine():
+        ms = random.Random().uniform(5.0, 8.0)
+        got = _timed(time_gpu, lambda: (calls.append(1), gpu_work(ms, _CPU)), _CPU, 4, 2, "on the CPU")
+        check(len(calls) == 6, f"fn was called {len(calls)} times for warmup=2, iters=4 (expected 6)", counted)
+        check(got > 0.02 * ms, f"time_gpu returned {got:.5f} for calls that take {ms:.1f} ms each",
+              "return milliseconds, not seconds")
+        check(0.9 * ms <= got < 2 * ms + 25, f"time_gpu returned {got:.2f} ms for calls that take {ms:.1f} ms each",
+              "time each call on its own and return the median of the per-call times, in milliseconds")
+        calls.clear()
+        _timed(time_gpu, lambda: (calls.append(1), gpu_work(ms, _CPU)), _CPU, 1, 0, "on the CPU")
+        check(len(calls) == 1, f"fn was called {len(calls)} times for warmup=0, iters=1 (expected 1)", counted)
+        schedule = [100.0] * 3 + [5.0, 5.0, 200.0, 5.0, 5.0]
+        calls.clear()
+        got = _timed(time_gpu, lambda: (gpu_work(schedule[min(len(calls), 7)], _CPU), calls.append(1)), _CPU, 5, 3,
+                     "on the CPU")
+        check(4.0 <= got < 35.0, f"time_gpu returned {got:.1f} ms; the timed calls took [5, 5, 200, 5, 5] ms, median "
+              "5 ms (the 3 warm-up calls took 100 ms each)",
+              "do not time the warm-up calls, and return the median of the timed calls (not their mean)")
+        with simulated_cuda("T4", replace_real=True) as sim:
+            gpu_schedule = [_MS] * 5 + [6 * _MS, _MS, _MS]
+            calls.clear()
+            events: list = []
+            with _counting_events(events):
+                got = _timed(time_gpu, lambda: (gpu_work(gpu_schedule[min(len(calls), 7)], sim.device),
+                                                calls.append(1)), sim.device, 5, 3, "on a simulated GPU")
+            check(len(calls) == 8, f"on a GPU, fn was called {len(calls)} times for warmup=3, iters=5 (expected 8)",
+                  counted)
+            check(len(events) >= 2, "on a CUDA device time_gpu created no torch.cuda.Event",
+                  "on CUDA, time each call between the records of two torch.cuda.Event(enable_timing=True)")
+            check(got >= 0.8 * _MS, f"on a simulated GPU time_gpu returned {got:.2f} ms for calls that keep the GPU "
+                  f"busy for {_MS:.0f} ms: it measured the launch, not the work",
+                  "record events around each call and synchronise before reading elapsed_time")
+            check(got < 1.5 * _MS, f"on a simulated GPU time_gpu returned {got:.1f} ms; the timed calls took "
+                  f"{gpu_schedule[3:]} ms", "return the median of the per-call times, and leave the warm-up out")
+    passed("time_gpu times calls on the CPU and GPU work on a simulated GPU correctly")
+
+
+def _forwards(model: Any, where: str, n: int, warmup: int, iters: int, training: bool) -> None:
+    __tracebackhide__ = True
+    what = "steps" if training else "batches"
+    check(model.calls == n, f"{where} the model ran {model.calls} forward passes for warmup={warmup}, iters={iters} "
+          f"(expected {n})", f"run `warmup` {what} untimed, then exactly `iters` timed {what}")
+    if training:
+        check(all(model.training_flags), f"{where} the model was in eval mode during training",
+              "put the model in training mode (model.train()) before the loop")
+        check(all(model.grad_flags), f"{where} gradients were off during training",
+              "do not use torch.no_grad() or inference_mode() in a training step")
+    else:
+        check(not any(model.training_flags), f"{where} the model was in training mode during the measurement",
+              "run inference in eval mode (model.eval())")
+        check(not any(model.grad_flags), f"{where} gradients were being tracked during the measurement",
+              "run inference without gradients (torch.inference_mode() or torch.no_grad())")
+
+
+def _rate(got: Any, name: str, where: str, samples: int, ms: float, *, loose: bool = False) -> None:
+    __tracebackhide__ = True
+    expect_type(got, float, f"{name}'s result {where}", "return the samples per second as a float")
+    honest = samples / (ms / 1e3)
+    low, high = (0.1, 1.2) if loose else (0.5, 1.3)
+    check(got <= high * honest, f"{where}: {got:.0f} samples/s, but the timed {samples} samples need about {ms:.0f} "
+          f"ms: at most about {honest:.0f} samples/s", "synchronise before you stop the clock (on CUDA), and divide "
+          "the samples of the timed batches (inputs.shape[0] of each) by the seconds they took")
+    check(got >= low * honest, f"{where}: {got:.0f} samples/s, but the timed {samples} samples needed only about "
+          f"{ms:.0f} ms: about {honest:.0f} samples/s", "synchronise after the warm-up before you start the clock, "
+          "time only the `iters` batches, and count their samples")
+
+
+def _run(fn: Callable, name: str, where: str, *args: Any, **kwargs: Any) -> Any:
+    __tracebackhide__ = True
+    with torch.enable_grad():
+        try:
+            got = fn(*args, **kwargs)
+        except NotImplementedError:
+            raise
+        except (RuntimeError, ValueError, StopIteration) as err:
+            check(False, f"{name} raised {where}: {type(err).__name__}: {err}",
+                  "synchronise only when device.type == 'cuda', and when the loader runs out, iterate over it again")
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    if not grad:
+        torch.set_grad_enabled(True)  # undo it, so that the rest of this notebook still trains
+    check(grad and not inference, f"after {name} {where} gradients stayed switched off for the rest of the program",
+          "switch gradients off inside a with block (with torch.inference_mode():), which restores them")
+    return got
+
+
+def _batches(n: int, size: int) -> list:
+    return [(torch.randn(size, 8), torch.randint(0, 4, (size,))) for _ in range(n)]
+
+
+def _short_loader() -> DataLoader:
+    """Two batches, of 32 and 1 samples: shorter than warmup + iters, and the last batch short."""
+    return DataLoader(TensorDataset(torch.randn(33, 8), torch.randint(0, 4, (33,))), batch_size=32)
+
+
+def check_measure_throughput(measure_throughput: Callable) -> None:
+    """measure_throughput on the CPU and on a simulated T4: mode, gradients, batches, copies, clock and count."""
+    __tracebackhide__ = True
+    from course.simgpu import CostlyModel, simulated_cuda
+
+    name = "measure_throughput"
+    with _quiet_machine():
+        rng = random.Random()
+        ms, size = rng.uniform(6.0, 9.0), rng.choice([24, 32, 40])
+        for warmup, iters in ((2, 5), (0, 1)):
+            where = f"on the CPU (warmup={warmup}, iters={iters})"
+            model = CostlyModel(ms_per_call=ms)  # each forward sleeps `ms` milliseconds on the CPU
+            model.train(True)
+            got = _run(measure_throughput, name, where, model, _batches(10, size), _CPU, warmup=warmup, iters=iters)
+            _forwards(model, where, warmup + iters, warmup, iters, training=False)
+            _rate(got, name, where, iters * size, iters * ms, loose=True)
+        with simulated_cuda("T4", replace_real=True) as sim:
+            where = "on a simulated GPU whose first two calls take 6x longer (warmup=2, iters=4)"
+            model = CostlyModel(ms_per_call=_MS, first_calls_ms=[6 * _MS] * 2).to(sim.device)
+            model.train(True)
+            sim.clear()
+            got = _run(measure_throughput, name, where, model, _batches(8, 24), sim.device, warmup=2, iters=4)
+            _forwards(model, where, 6, 2, 4, training=False)
+            copies = [c.non_blocking for c in sim.h2d_copies]
+            check(len(copies) >= 6 and all(copies), f"{where}, {copies.count(False)} of {len(copies)} copies to the "
+                  "GPU were blocking", "move each batch with inputs.to(device, non_blocking=True)")
+            _rate(got, name, where, 4 * 24, 4 * _MS)
+            where = "with a loader of 2 batches (32 and 1 samples) on a simulated GPU (warmup=3, iters=3)"
+            model = CostlyModel(ms_per_call=_MS).to(sim.device)
+            got = _run(measure_throughput, name, where, model, _short_loader(), sim.device, warmup=3, iters=3)
+            _forwards(model, where, 6, 3, 3, training=False)
+            _rate(got, name, where, 1 + 32 + 1, 3 * _MS)  # batches 4, 5, 6 of [32, 1, 32, 1, 32, 1]
+    passed(f"measure_throughput on the CPU and on a simulated GPU: {got:.0f} samples/s for the short loader")
+
+
+class _CountingSGD(torch.optim.SGD):
+    """SGD that counts its steps."""
+
+    def __init__(self, params: Any, lr: float = 0.01) -> None:
+        super().__init__(params, lr=lr)
+        self.steps = 0
+
+    def step(self, closure: Any = None) -> Any:
+        self.steps += 1
+        return super().step(closure)
+
+
+def _train(train_throughput: Callable, model: Any, loader: Any, device: torch.device, warmup: int, iters: int,
+           where: str) -> float:
+    __tracebackhide__ = True
+    optimizer = _CountingSGD(model.parameters())
+    weight = model.linear.weight
+    cleared: list = []  # per backward: whether the previous step's gradient had been freed by then
+    weight.register_hook(lambda grad: cleared.append(weight.grad is None))
+    weights: list = []  # the weight as each forward found it
+    model.register_forward_pre_hook(lambda module, args: weights.append(weight.detach().clone()))
+    got = _run(train_throughput, "train_throughput", where, model, loader, optimizer, nn.CrossEntropyLoss(), device,
+               warmup=warmup, iters=iters)
+    n = warmup + iters
+    _forwards(model, where, n, warmup, iters, training=True)
+    check(len(cleared) == n, f"{where} backward ran {len(cleared)} times in {n} steps",
+          "call backward() on the loss once per step")
+    check(optimizer.steps == n, f"{where} the optimizer stepped {optimizer.steps} times in {n} steps",
+          "step the optimizer once per training step")
+    changed = [not torch.equal(a.cpu(), b.cpu()) for a, b in zip(weights[:-1], weights[1:], strict=True)]
+    check(all(changed), f"{where} the weights stayed the same from one step to the next {changed.count(False)} "
+          f"times in {n} steps", "call optimizer.step() after backward(), before clearing the gradients")
+    check(all(cleared), f"{where} {cleared.count(False)} of {n} backward passes found the previous step's gradient "
+          "still there (not freed)", "free the gradients in every step: zero_grad(set_to_none=True)")
+    return got
+
+
+def check_train_throughput(train_throughput: Callable) -> None:
+    """train_throughput on the CPU and on a simulated T4: full steps in train mode, copies, clock and count."""
+    __tracebackhide__ = True
+    from course.simgpu import CostlyModel, simulated_cuda
+
+    name = "train_throughput"
+    with _quiet_machine():
+        rng = random.Random()
+        ms, size = rng.uniform(6.0, 9.0), rng.choice([24, 32, 40])
+        model = CostlyModel(ms_per_call=ms)  # each forward sleeps `ms` milliseconds on the CPU
+        model.eval()
+        where = "on the CPU (warmup=2, iters=4)"
+        got = _train(train_throughput, model, _batches(10, size), _CPU, 2, 4, where)
+        _rate(got, name, where, 4 * size, 4 * ms, loose=True)
+        with simulated_cuda("T4", replace_real=True) as sim:
+            where = "on a simulated GPU whose first two steps take 6x longer (warmup=2, iters=4)"
+            model = CostlyModel(ms_per_call=_MS, first_calls_ms=[6 * _MS] * 2).to(sim.device)
+            model.eval()
+            sim.clear()
+            got = _train(train_throughput, model, _batches(8, 24), sim.device, 2, 4, where)
+            copies = [c.non_blocking for c in sim.h2d_copies]
+            check(len(copies) >= 12 and all(copies), f"{where}, {copies.count(False)} of {len(copies)} copies to the "
+                  "GPU were blocking (expected inputs and targets of 6 batches, all non_blocking)",
+                  "move inputs and targets with .to(device, non_blocking=True)")
+            _rate(got, name, where, 4 * 24, 4 * _MS)
+            where = "with a loader of 2 batches (32 and 1 samples) on a simulated GPU (warmup=3, iters=3)"
+            model = CostlyModel(ms_per_call=_MS).to(sim.device)
+            got = _train(train_throughput, model, _short_loader(), sim.device, 3, 3, where)
+            _rate(got, name, where, 1 + 32 + 1, 3 * _MS)  # steps 4, 5, 6 of [32, 1, 32, 1, 32, 1]
+    passed(f"train_throughput on the CPU and on a simulated GPU: {got:.0f} samples/s for the short loader")
