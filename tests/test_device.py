@@ -161,6 +161,16 @@ def test_simulated_gpu_answers_the_accelerator_api_like_a_real_one():
             assert torch.accelerator.is_available() and torch.accelerator.current_accelerator().type == "cuda"
 
 
+def test_the_driver_rule_is_minor_version_compatibility_with_its_source(nb):
+    """Issue #25: a CUDA 12.x runtime runs on any driver from 525 on (NVIDIA's CUDA Compatibility guide), not only on
+    a driver whose own CUDA version is at least torch's; the lesson's cell prints the minimum for this torch."""
+    text = "\n".join(c.source for c in nb.cells)
+    assert "https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html" in text
+    assert "the driver must be new enough for `torch.version.cuda`" not in text
+    ns = _lesson_namespace(nb, "MIN_DRIVER")
+    assert ns["MIN_DRIVER"] == {"11": 450, "12": 525, "13": 580}
+
+
 def test_meta_device_mixing_raises_as_the_lesson_says():
     with pytest.raises(RuntimeError):
         torch.randn(4, 3, device="meta") + torch.zeros(3)
