@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
+from course.simgpu import simulated_cuda
 
 __all__ = ["check_describe_device", "check_device_safe_net", "check_pick_device", "check_smoke_test",
            "noting_warnings"]
@@ -40,8 +41,6 @@ def noting_warnings() -> Iterator[list]:
 def _machine(name: str) -> Iterator[None]:
     """This process made to look like a machine with one GPU ("gpu"), a GPU and MPS ("gpu+mps"), a Mac ("mac") or
     neither ("none"), as torch.cuda, torch.backends.mps and torch.accelerator report it."""
-    from course.simgpu import simulated_cuda
-
     with ExitStack() as stack:
         if name.startswith("gpu"):
             stack.enter_context(simulated_cuda("T4", replace_real=True))
@@ -142,8 +141,6 @@ def _described(describe_device: Callable, device: Any, call: str) -> dict:
 def check_describe_device(describe_device: Callable) -> None:
     """describe_device on the CPU (a device and a string) and on simulated T4, A100 and H100 GPUs."""
     __tracebackhide__ = True
-    from course.simgpu import simulated_cuda
-
     with noting_warnings():
         for request in (torch.device("cpu"), "cpu", "meta"):
             call = f"describe_device({request!r})"
@@ -273,8 +270,6 @@ def _smoke(smoke_test: Callable, model: _Recorder, batch: torch.Tensor, device: 
 def check_smoke_test(smoke_test: Callable) -> None:
     """smoke_test on the CPU, on meta, on a (simulated) GPU and on outputs with NaN and infinity."""
     __tracebackhide__ = True
-    from course.simgpu import simulated_cuda
-
     with noting_warnings():
         _smoke(smoke_test, _Recorder(), torch.randn(4, 3), "cpu", "smoke_test(model, a (4, 3) batch, 'cpu')",
                param_device="cpu", shape=(4, 2), finite=True)

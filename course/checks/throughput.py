@@ -20,12 +20,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from course.checks import check, expect_type, passed
 from course.checks.device import noting_warnings
+from course.simgpu import CostlyModel, gpu_work, simulated_cuda
 from course.timing import num_threads
 
 __all__ = ["check_measure_throughput", "check_time_gpu", "check_train_throughput"]
 
 _CPU = torch.device("cpu")
-_MS = 20.0  # what one call keeps the simulated GPU busy for, in the GPU checks
+_MS = 30.0  # what one call keeps the simulated GPU busy for, in the GPU checks
 
 
 @contextmanager
@@ -68,8 +69,6 @@ def _timed(time_gpu: Callable, fn: Callable, device: torch.device, iters: int, w
 def check_time_gpu(time_gpu: Callable) -> None:
     """time_gpu on the CPU (calls of known length, one slow call, no warm-up) and on a simulated T4."""
     __tracebackhide__ = True
-    from course.simgpu import gpu_work, simulated_cuda
-
     calls: list = []
     counted = "call fn() `warmup` times untimed, then exactly `iters` times timed"
     with _quiet_machine():
@@ -169,8 +168,6 @@ def _short_loader() -> DataLoader:
 def check_measure_throughput(measure_throughput: Callable) -> None:
     """measure_throughput on the CPU and on a simulated T4: mode, gradients, batches, copies, clock and count."""
     __tracebackhide__ = True
-    from course.simgpu import CostlyModel, simulated_cuda
-
     name = "measure_throughput"
     with _quiet_machine():
         rng = random.Random()
@@ -241,8 +238,6 @@ def _train(train_throughput: Callable, model: Any, loader: Any, device: torch.de
 def check_train_throughput(train_throughput: Callable) -> None:
     """train_throughput on the CPU and on a simulated T4: full steps in train mode, copies, clock and count."""
     __tracebackhide__ = True
-    from course.simgpu import CostlyModel, simulated_cuda
-
     name = "train_throughput"
     with _quiet_machine():
         rng = random.Random()

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Tenso
 
 from course.checks import check, expect_equal, expect_type, passed
 from course.checks.device import noting_warnings
+from course.simgpu import gpu_work, simulated_cuda
 
 __all__ = ["check_copy_to_host", "check_make_loader", "check_to_device"]
 
@@ -75,8 +76,6 @@ def check_make_loader(make_loader: Callable) -> None:
 def check_to_device(to_device: Callable) -> None:
     """to_device: nested containers to meta, the input untouched, non_blocking to a busy (simulated) GPU and back."""
     __tracebackhide__ = True
-    from course.simgpu import gpu_work, simulated_cuda
-
     label, count = "cat.jpg", 7
     inner = [torch.zeros(2), label, count]
     batch = {"x": torch.ones(2, 3), "y": inner, "z": (torch.arange(3), None), "deep": [({"b": torch.ones(1)},)]}
@@ -117,8 +116,6 @@ def check_to_device(to_device: Callable) -> None:
 def check_copy_to_host(copy_to_host: Callable) -> None:
     """copy_to_host: CPU tensors, tensors on a busy (simulated) GPU, and two results of the same shape kept apart."""
     __tracebackhide__ = True
-    from course.simgpu import gpu_work, simulated_cuda
-
     t = torch.arange(6.0)
     with noting_warnings():
         got = copy_to_host(t)
