@@ -113,6 +113,10 @@ VARIANTS = [
             _pick(('available = [f"cuda:{i}" for i in range(count)] + (["mps"] if mps else []) + ["cpu"]',
                    'available = [f"cuda:{i}" for i in range(count)] + ["cpu"]')),
             "lists the GPUs and the CPU as available, not MPS on a Mac"),
+    Variant("pick_device", "device_names_as_strings", True, _pick(
+        (_DEFAULT, '        return found.type if found is not None else "cpu"'),
+        ("    return device\n", "    return str(device)\n")),
+            "returns 'cuda' or 'cpu' as a string (torch accepts one almost anywhere), not the promised torch.device"),
     Variant("pick_device", "default_with_index", False, _pick((_DEFAULT,
             '        return torch.device(found.type, 0) if found is not None else torch.device("cpu")')),
             "the best device with its index, e.g. cuda:0: the same device"),
@@ -236,6 +240,9 @@ VARIANTS = [
                     "    torch.set_grad_enabled(False)\n    out = model(batch)")),
             "switches autograd off for the whole process, not just the forward pass: training afterwards gets no "
             "gradients"),
+    Variant("smoke_test", "output_device", True,
+            _smoke(('"param_device": str(next(model.parameters()).device),', '"param_device": str(out.device),')),
+            "reports where the output is, not where the parameters are: a model may answer on another device"),
     Variant("smoke_test", "model_not_moved", True, _smoke(("    model.to(device)\n", "")),
             "moves the batch but not the model"),
     Variant("smoke_test", "device_type_only", True,

@@ -74,6 +74,16 @@ TIME_GPU = [
         ("t0 = time.perf_counter()", "t0 = time.perf_counter_ns()"),
         ("times.append((time.perf_counter() - t0) * 1e3)", "times.append((time.perf_counter_ns() - t0) / 1e6)")),
             "nanoseconds from perf_counter_ns, converted"),
+    Variant("time_gpu", "one_pair_of_events_reused", False, _time(
+        ("        torch.cuda.synchronize(device)  # the warm-up's work must not spill into the first timed call\n"
+         "        for _ in range(iters):\n"
+         "            start = torch.cuda.Event(enable_timing=True)\n"
+         "            end = torch.cuda.Event(enable_timing=True)\n",
+         "        torch.cuda.synchronize(device)  # the warm-up's work must not spill into the first timed call\n"
+         "        start = torch.cuda.Event(enable_timing=True)\n"
+         "        end = torch.cuda.Event(enable_timing=True)\n"
+         "        for _ in range(iters):\n")),
+            "one pair of events recorded again for every call: fine, since each is read before it is recorded again"),
 ]
 
 _M_SYNC = '''        if device.type == "cuda":
@@ -229,6 +239,9 @@ TRAIN = [
         ("        loss.backward()\n", "        optimizer.zero_grad(set_to_none=True)\n        loss.backward()\n"),
         ("        optimizer.step()\n" + _ZERO, "        optimizer.step()\n")),
             "clears the gradients after the forward pass, before backward"),
+    Variant("train_throughput", "reads_the_loss_every_step", False, _train(
+        ("        loss.backward()\n", "        loss.backward()\n        float(loss)  # a log line's worth: a sync\n")),
+            "reads the loss every step, which waits for the GPU: slower on a real GPU, but an honest figure"),
     Variant("train_throughput", "zero_grad_first", False, _train(
         ("        loss = loss_fn(", "        optimizer.zero_grad()\n        loss = loss_fn("), (_ZERO, "")),
             "zero_grad() (set_to_none=True by default) at the start of the step"),
