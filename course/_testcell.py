@@ -40,8 +40,9 @@ def grading() -> bool:
 class graded:  # noqa: N801 - used like a function: `with checks.graded("pick_device"):`
     """The frame of every test cell: its checks of the graded name(s) run inside it. Used by every notebook.
 
+        from course.checks.device import check_pick_device
         with checks.graded("pick_device"):
-            __check_pick_device()
+            check_pick_device(pick_device)
 
     Whatever goes wrong reads as one ✗ line: a failed check says what is wrong and how to fix it; a
     NotImplementedError from notebook code says "✗ `pick_device` is not written yet. Fix: replace
