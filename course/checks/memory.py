@@ -110,7 +110,8 @@ def check_peak_memory(peak_memory: Callable[..., Any]) -> None:
     fn, the peak statistics left at fn's peak, devices as strings and torch.device, ValueError for the CPU."""
     __tracebackhide__ = True
     for device_arg, earlier_mib, inside_mib, kept_mib in (("cuda", 64, 16, 1), (torch.device("cuda", 0), 40, 3, 2)):
-        label = f"peak_memory(fn, {device_arg!r}): {kept_mib} MiB kept, fn holds {inside_mib} MiB for a moment"
+        label = (f"peak_memory(fn, {device_arg!r}) with {kept_mib} MiB kept and fn holding {inside_mib} MiB for a "
+                 "moment")
         with simulated_cuda("T4", replace_real=True) as sim:
             earlier = torch.empty(earlier_mib * MIB_FLOATS, device=sim.device)
             del earlier  # an earlier, higher peak that peak_memory must not report
@@ -216,9 +217,10 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
     autocast and grad mode left as they were."""
     __tracebackhide__ = True
     smoothed = lambda out, y: nn.functional.cross_entropy(out, y, label_smoothing=0.1)  # noqa: E731
-    for sizes, loss_fn, device, lr in (([8, 8, 8, 8], nn.functional.cross_entropy, "cpu", 0.1),
-                                       ([8, 8, 8, 2], smoothed, torch.device("cpu"), 0.3)):
-        label = f"micro-batches of {sizes} samples, fp32 on the CPU, device {device!r}"
+    for sizes, loss_fn, device, lr, given in (([8, 8, 8, 8], nn.functional.cross_entropy, "cpu", 0.1, "'cpu'"),
+                                              ([8, 8, 8, 2], smoothed, torch.device("cpu"), 0.3,
+                                               "torch.device('cpu')")):
+        label = f"micro-batches of {sizes} samples, fp32, device={given}"
         model, (x, y) = small_classifier(), targets_data(sum(sizes))
         want_params, want_loss = whole_batch_step(sum(sizes), lr, loss_fn)
         opt = LegacySGD(model.parameters(), lr=lr)
@@ -271,39 +273,41 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
 def _same_step(got: Any, want_loss: float, params: list, want_params: list, label: str, rel_loss: float, rel: float,
                abs_: float) -> None:
     __tracebackhide__ = True
-    expect_type(got, float, f"accumulation_step(...) ({label})", "return the mean loss as a Python float")
-    expect_close(got, want_loss, f"the loss returned ({label})", rel=rel_loss,
-                 hint="return the mean loss per sample over all micro-batches (each micro-batch's mean loss times its "
-                      "share of the samples, summed), before any scaling")
     for i, (p, q) in enumerate(zip(params, want_params, strict=True)):
         expect_close(p.detach().float(), q, f"parameter {i} after the step ({label})", rel=rel, abs=abs_,
                      hint="weight each micro-batch's loss by its share of the samples (len(inputs) / total: 1 / their "
                           "number only when they are equal), let the gradients add up, and step once at the end")
+    expect_type(got, float, f"accumulation_step(...) ({label})", "return the mean loss as a Python float")
+    expect_close(got, want_loss, f"the loss returned ({label})", rel=rel_loss,
+                 hint="return the mean loss per sample over all micro-batches (each micro-batch's mean loss times its "
+                      "share of the samples, summed), before any scaling")
     check(torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"),
           f"after accumulation_step ({label}) grad mode or autocast was left changed",
           "leave the global state as you found it: use `with` blocks")
 
 
 def check_CheckpointedMLP(CheckpointedMLP: type) -> None:  # named after the learner's class
-    """CheckpointedMLP: the plain stack's outputs and gradients (for the parameters and the input), only each block's
-    input saved in training, exactly what the plain stack saves in evaluation, no warnings, the mode unchanged."""
+    """CheckpointedMLP: the plain stack's outputs and parameter gradients for a plain data batch, the input's gradient
+    for an input that requires it, only each block's input saved in training, exactly what the plain stack saves in
+    evaluation, no warnings, the mode unchanged."""
     __tracebackhide__ = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for train in (True, False):
-            mode = "training" if train else "evaluation"
+            label = f"{'training' if train else 'evaluation'} mode, 4 blocks"
             parts = checkpoint_blocks()
             plain = nn.Sequential(*copy.deepcopy(parts)).train(train)
             model = CheckpointedMLP(parts).train(train)
-            x = torch.randn(32, 16, requires_grad=True)
-            plain_x = x.detach().clone().requires_grad_()
-            out, want = model(x), plain(plain_x)
-            label = f"{mode} mode, 4 blocks"
+            x = torch.randn(32, 16)  # a plain data batch: it does not require grad
+            out, want = model(x), plain(x)
             expect_type(out, torch.Tensor, f"the output ({label})", "return the last block's output")
             expect_close(out.detach(), want.detach(), f"the output ({label})", rel=1e-5, abs=1e-6,
                          hint="run every block, in order, on the previous block's output")
             expect_equal(model.training, train, f"model.training after a forward pass ({label})",
                          "do not change the mode in forward: read self.training")
+            check(out.requires_grad, f"the output of a batch that does not require grad is cut off from the "
+                  f"parameters' gradients ({label})", "use checkpoint(block, x, use_reentrant=False): the reentrant "
+                  "variant gives the parameters no gradient when the input does not require grad")
             out.square().sum().backward()
             want.square().sum().backward()
             got_params = list(model.parameters())
@@ -313,14 +317,19 @@ def check_CheckpointedMLP(CheckpointedMLP: type) -> None:  # named after the lea
                 check(p.grad is not None, f"parameter {i} got no gradient ({label})",
                       "use checkpoint(block, x, use_reentrant=False)")
                 expect_close(p.grad, q.grad, f"the gradient of parameter {i} ({label})", rel=1e-4, abs=1e-6)
-            check(x.grad is not None, f"the input got no gradient ({label})", "let the gradient flow back to x")
-            expect_close(x.grad, plain_x.grad, f"the gradient of the input ({label})", rel=1e-4, abs=1e-6)
+            leaf = torch.randn(4, 16, requires_grad=True)
+            plain_leaf = leaf.detach().clone().requires_grad_()
+            model(leaf).sum().backward()
+            plain(plain_leaf).sum().backward()
+            check(leaf.grad is not None, f"the input got no gradient ({label})", "let the gradient flow back to x")
+            expect_close(leaf.grad, plain_leaf.grad, f"the gradient of the input ({label})", rel=1e-4, abs=1e-6)
             data = torch.randn(8, 5, 16)
             got_saved, plain_saved = saved_bytes(model, data), saved_bytes(plain, data)
             want_saved = 4 * data.numel() * data.element_size() if train else plain_saved
             expect_equal(got_saved, want_saved, f"the activation bytes the forward pass saved ({label}; the plain "
-                         f"stack saves {plain_saved})", "checkpoint each block separately in training (then only each "
-                         "block's input is kept), and call the blocks plainly in evaluation")
+                         f"stack saves {plain_saved})", "in training mode run each block through its own checkpoint "
+                         "(then only each block's input is kept)" if train else "in evaluation mode (not "
+                         "self.training) call the blocks plainly: checkpointing there only costs time")
     check(not caught, f"warnings: {[str(w.message)[:80] for w in caught]}",
           "use checkpoint(block, x, use_reentrant=False)")
     passed("the plain stack's outputs and gradients; in training only each block's input is kept")
