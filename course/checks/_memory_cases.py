@@ -1,14 +1,17 @@
-"""The seeded models, data and stand-ins that 07-memory's visible checks (course.checks.memory) run on.
+"""The seeded models, data and stand-ins that 07-memory's visible checks (course.checks.memory) run on, and their
+comparison of an accumulated step with one plain SGD step on the whole batch.
 
-Nothing here answers an exercise: these are the inputs of the checks, and the reference step they compare an
-accumulated step with is one plain SGD step on the whole batch.
+Nothing here answers an exercise: these are the inputs of the checks and the reference they compare with.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+
+from course.checks import check, expect_close, expect_type
 
 MIB_FLOATS = 1024 ** 2 // 4  # float32 elements in one MiB
 
@@ -93,3 +96,21 @@ def saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)
     return sum(sizes.values())
+
+
+def same_step(got: Any, want_loss: float, params: list, want_params: list, label: str, rel_loss: float, rel: float,
+               abs_: float) -> None:
+    """Fail unless an accumulated step left `want_params` and returned `want_loss`, with grad mode and autocast as
+    they were."""
+    __tracebackhide__ = True
+    for i, (p, q) in enumerate(zip(params, want_params, strict=True)):
+        expect_close(p.detach().float(), q, f"parameter {i} after the step ({label})", rel=rel, abs=abs_,
+                     hint="weight each micro-batch's loss by its share of the samples (len(inputs) / total: 1 / their "
+                          "number only when they are equal), let the gradients add up, and step once at the end")
+    expect_type(got, float, f"accumulation_step(...) ({label})", "return the mean loss as a Python float")
+    expect_close(got, want_loss, f"the loss returned ({label})", rel=rel_loss,
+                 hint="return the mean loss per sample over all micro-batches (each micro-batch's mean loss times its "
+                      "share of the samples, summed), before any scaling")
+    check(torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"),
+          f"after accumulation_step ({label}) grad mode or autocast was left changed",
+          "leave the global state as you found it: use `with` blocks")

@@ -27,6 +27,7 @@ from course.checks._memory_cases import (
     mlp,
     oom,
     quick_collect,
+    same_step,
     saved_bytes,
     small_classifier,
     targets_data,
@@ -234,7 +235,7 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
         finally:
             for h in hooks:
                 h.remove()
-        _same_step(got, want_loss, list(model.parameters()), want_params, label, 1e-5, 1e-4, 1e-6)
+        same_step(got, want_loss, list(model.parameters()), want_params, label, 1e-5, 1e-4, 1e-6)
         count = len(want_params)
         check(len(first_seen) >= count and all(first_seen[:count]),
               f"old gradients were still in .grad when the first micro-batch's backward ran ({label})",
@@ -266,24 +267,8 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
                  "compute the loss inside the autocast block")
     check(backwards == 3 and not backward_in_autocast, f"{backwards} backward calls, inside autocast: "
           f"{backward_in_autocast} ({label})", "one backward per micro-batch, after the autocast block")
-    _same_step(got, want_loss, params, want_params, label, 3e-2, 5e-2, 2e-3)
+    same_step(got, want_loss, params, want_params, label, 3e-2, 5e-2, 2e-3)
     passed("accumulation_step gives the whole batch's update and per-sample loss, for unequal micro-batches too")
-
-
-def _same_step(got: Any, want_loss: float, params: list, want_params: list, label: str, rel_loss: float, rel: float,
-               abs_: float) -> None:
-    __tracebackhide__ = True
-    for i, (p, q) in enumerate(zip(params, want_params, strict=True)):
-        expect_close(p.detach().float(), q, f"parameter {i} after the step ({label})", rel=rel, abs=abs_,
-                     hint="weight each micro-batch's loss by its share of the samples (len(inputs) / total: 1 / their "
-                          "number only when they are equal), let the gradients add up, and step once at the end")
-    expect_type(got, float, f"accumulation_step(...) ({label})", "return the mean loss as a Python float")
-    expect_close(got, want_loss, f"the loss returned ({label})", rel=rel_loss,
-                 hint="return the mean loss per sample over all micro-batches (each micro-batch's mean loss times its "
-                      "share of the samples, summed), before any scaling")
-    check(torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"),
-          f"after accumulation_step ({label}) grad mode or autocast was left changed",
-          "leave the global state as you found it: use `with` blocks")
 
 
 def check_CheckpointedMLP(CheckpointedMLP: type) -> None:  # named after the learner's class
