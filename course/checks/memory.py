@@ -154,6 +154,7 @@ def check_find_max_batch(find_max_batch: Callable[..., Any]) -> None:
     full_collect = gc.collect
 
     def search(largest: int, start: int, limit: int, want: int, opening: list[int]) -> None:
+        __tracebackhide__ = True
         tried: list[int] = []
         label = f"find_max_batch(try_batch, start={start}, limit={limit}) when sizes up to {largest} fit"
 
