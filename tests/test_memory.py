@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from torch import nn
 from course.memory import MiB, byte_table, peak_plot
 from course.simgpu import simulated_cuda
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
+from tests.harness import missed_without_visible_checks, without_hidden_tests
 from tests.mutations import solution_cell
 
 ASSIGNMENT = "07-memory"
@@ -105,17 +109,36 @@ def test_notebook_uses_the_current_apis(nb):
     assert "checkpoint(block, x, use_reentrant=False)" in solution_cell("07-memory/memory.ipynb", "CheckpointedMLP")
 
 
-def test_optimizer_state_claims_of_lesson_1():
-    """Adam and AdamW keep two fp32 tensors per parameter, SGD with momentum one, plain SGD none."""
-    layer = nn.Linear(8, 8)
-    layer(torch.randn(2, 8)).sum().backward()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_optimizer_state_claims_of_lesson_1(dtype):
+    """Adam and AdamW keep two tensors per parameter, SGD with momentum one, plain SGD none, each in the parameter's
+    dtype (torch.zeros_like in torch/optim): a 16-bit model has 16-bit state."""
+    layer = nn.Linear(8, 8).to(dtype)
+    layer(torch.randn(2, 8, dtype=dtype)).sum().backward()
     for make, count in ((lambda p: torch.optim.SGD(p, lr=0.1), 0),
                         (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 1),
                         (torch.optim.Adam, 2), (torch.optim.AdamW, 2)):
         opt = make(layer.parameters())
         opt.step()
         state = [v for v in opt.state[layer.weight].values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-        assert len(state) == count and all(v.shape == layer.weight.shape and v.dtype == torch.float32 for v in state)
+        assert len(state) == count and all(v.shape == layer.weight.shape and v.dtype == dtype for v in state)
+
+
+def test_bytes_per_parameter_of_the_three_recipes(lessons):
+    """Lesson 1's figures with Adam: 16 bytes per parameter in fp32, 8 in pure bf16, 16 with fp32 master weights
+    (2 + 2 + 12, the ZeRO paper's K = 12); frozen parameters get no gradient, state or master copy."""
+    training_memory = lessons["training_memory"]
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))
+    n = sum(p.numel() for p in model.parameters())
+    assert training_memory(model, "adam")["total"] == 16 * n
+    assert training_memory(model, "adam", torch.bfloat16)["total"] == 8 * n
+    mixed = training_memory(model, "adam", torch.bfloat16, master_weights=True)
+    assert (mixed["weights"], mixed["grads"], mixed["optimizer"]) == (2 * n, 2 * n, 12 * n)
+    model[0].requires_grad_(False)
+    frozen, trainable = model[0].weight.numel() + model[0].bias.numel(), n // 2
+    assert training_memory(model, "sgd", torch.float16, master_weights=True) == {
+        "weights": 2 * n, "grads": 2 * trainable, "optimizer": 4 * trainable, "total": 2 * n + 6 * trainable}
+    assert frozen == n - trainable
 
 
 def test_lesson_1_table_claims(lessons):
@@ -192,6 +215,70 @@ def test_lesson_6_each_cure_lowers_the_peak(lessons):
     for options in ({"dtype": torch.float16}, {"micro": 16}, {"wrap": lessons["CheckpointedMLP"]}):
         assert step_peak(64, **options)[0] < plain, options
     assert step_peak(64, set_to_none=False)[1] > between
+
+
+def test_the_judges_alone_catch_every_mistake():
+    """The visible check runs in the learner's kernel, where their code can make it pass (#21): with every visible
+    check switched off, each wrong variant of the catalogue must still fail, on its judge alone."""
+    missed = missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "memory.py")
+    assert not missed, f"caught by the visible checks only: {missed}"
+
+
+def test_released_test_cells_are_one_check_call(nb):
+    """#25: the visible part of every test cell is at most 5 lines, and calls course.checks.memory's check."""
+    for function in GRADED:
+        cell = next(c for c in nb.cells if grade_id(c) == f"test_{function}")
+        visible = [line for line in without_hidden_tests(cell.source).splitlines()
+                   if line.strip() and not line.strip().startswith("#")]
+        assert len(visible) <= 5, f"test_{function}: {len(visible)} visible lines"
+        assert f"    check_{function}({function})" in visible, f"test_{function}: no one-line check call"
+
+
+def test_hints_teach_without_giving_the_answer(nb):
+    """At most two hints per graded function, the first with a link to PyTorch's docs, and no code span in a hint
+    that is (most of) a line of the solution."""
+    cells = nb.cells
+    ids = [grade_id(c) for c in cells]
+    for function in GRADED:
+        text = cells[ids.index(function) - 1].source
+        hints = re.findall(r"<details><summary>Hint</summary>(.*?)</details>", text, re.S)
+        assert 1 <= len(hints) <= 2, f"{function}: {len(hints)} hints"
+        assert "https://docs.pytorch.org/docs/stable/" in hints[0], f"{function}: the first hint links no docs page"
+        lines = [line.strip() for line in solution_cell("07-memory/memory.ipynb", function).splitlines()
+                 if line.strip() and not line.strip().startswith(("#", '"""'))]
+        for span in (s.strip() for hint in hints for s in re.findall(r"`([^`]+)`", hint)):
+            for line in lines:
+                assert not (len(span) >= 12 and span in line and len(span) >= 0.6 * len(line)), \
+                    f"{function}: the hint's `{span}` is most of the solution line {line!r}"
+
+
+def test_setup_cell_hides_only_the_no_cuda_runtime_record(nb):
+    """Lesson correction 13: the setup cell's filter drops torch.utils.cpp_extension's "No CUDA runtime is found"
+    record and lets every other record of that logger through."""
+    setup = next(c for c in nb.cells if grade_id(c) == "setup").source
+    filter_source = setup[setup.index("logging.getLogger("):setup.index("from torch.utils import benchmark")]
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    before = list(logger.filters)
+    try:
+        exec(filter_source, {"logging": logging})  # noqa: S102 - our own cell
+        added = [f for f in logger.filters if f not in before]
+        assert len(added) == 1
+
+        def record(message: str) -> logging.LogRecord:
+            return logging.LogRecord(logger.name, logging.WARNING, __file__, 1, message, ("/usr/local",), None)
+
+        assert not logger.filter(record("No CUDA runtime is found, using CUDA_HOME='%s'"))
+        assert logger.filter(record("Error building extension '%s'"))
+    finally:
+        logger.filters[:] = before
+
+
+def test_the_results_cell_says_what_to_do_before_the_exercises_are_written(nb, capsys):
+    """Lesson correction 5: on an unsolved run the last cells say which exercises to finish, not a NameError."""
+    results = nb.cells[-1].source.split("course.env.show()")[0]
+    exec(results, {"format_size": str})  # noqa: S102 - our own cell
+    out = capsys.readouterr().out
+    assert "not measured yet" in out and "find_max_batch" in out and "is not defined" not in out
 
 
 # ---- on a real GPU (make test-gpu) ----------------------------------------------------------------------------------
