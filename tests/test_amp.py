@@ -398,15 +398,13 @@ def test_the_judges_alone_catch_every_mistake_of_the_catalogue(tmp_path: Path):
     every correct one passes them all."""
     import json
 
-    from tests.harness import load_catalogue, run_function_tests
+    from tests.harness import load_catalogue, run_function_tests, without_visible_checks
 
     nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and "checks.judged(" in source:
-            blind = re.sub(r"(with checks\.graded\([^)]*\):\n)    __check_\w+\(\)\n", r"\1    pass\n", source)
-            assert blind != source, "the test cell's visible check is no longer called as `    __check_<name>()`"
-            cell["source"] = blind
+            cell["source"] = without_visible_checks(source)
     notebook = tmp_path / "04-amp" / "amp.ipynb"
     notebook.parent.mkdir()
     notebook.write_text(json.dumps(nb), encoding="utf-8")
