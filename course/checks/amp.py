@@ -47,13 +47,13 @@ def check_amp_dtype(amp_dtype: Callable[..., Any]) -> None:
         expect_dtype(torch.device("cpu"), torch.bfloat16, "amp_dtype(torch.device('cpu'))",
                      "CPU autocast runs bf16 (section 4)")
         expect_dtype("cpu", torch.bfloat16, "amp_dtype('cpu') (a string)",
-                     "accept a string too: torch.device(device) turns it into a device")
+                     "accept a string too: torch.device accepts one")
         expect_dtype(torch.device("mps"), torch.float16, "amp_dtype(torch.device('mps'))",
                      "Apple GPUs use float16 (section 4)")
-        for gpu in ("T4", "A100", "L4", "H100"):
+        for gpu, want in (("T4", torch.float16), ("A100", torch.bfloat16), ("L4", torch.bfloat16),
+                          ("H100", torch.bfloat16)):  # the table of section 4
             with simulated_cuda(gpu, replace_real=True) as sim:
                 major, minor = torch.cuda.get_device_capability(sim.device)
-                want = torch.bfloat16 if (major, minor) >= (8, 0) else torch.float16
                 for given, label in ((sim.device, "torch.device('cuda:0')"), ("cuda", "'cuda'")):
                     expect_dtype(given, want, f"amp_dtype({label}) on a simulated {gpu} (compute capability "
                                  f"{major}.{minor})", _RULE)
@@ -62,6 +62,7 @@ def check_amp_dtype(amp_dtype: Callable[..., Any]) -> None:
     passed("bf16 on the CPU, the A100, L4 and H100; fp16 on the T4 and MPS; strings accepted")
 
 
+_DTYPES = (("float16", torch.float16, True), ("bfloat16", torch.bfloat16, False), ("float32", torch.float32, False))
 _DOCUMENTED = (("get_scale", 65536.0, "init_scale: the scale starts at 2**16 = 65 536"),
                ("get_growth_factor", 2.0, "growth_factor: the scale doubles after a run of clean steps"),
                ("get_backoff_factor", 0.5, "backoff_factor: the scale halves after a skipped step"),
@@ -101,9 +102,8 @@ def check_make_scaler(make_scaler: Callable[..., Any]) -> None:
     with recorded_warnings("make_scaler", deprecated="use torch.amp.GradScaler: torch.cuda.amp.GradScaler is "
                            "deprecated (section 9)"):
         for device, label in ((CPU, "torch.device('cpu')"), ("cpu", "'cpu'")):
-            for name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16), ("float32", torch.float32)):
-                _expect_scaler(make_scaler(device, dtype), dtype == torch.float16, "cpu",
-                               f"make_scaler({label}, torch.{name})")
+            for name, dtype, enabled in _DTYPES:
+                _expect_scaler(make_scaler(device, dtype), enabled, "cpu", f"make_scaler({label}, torch.{name})")
         first = make_scaler(CPU, torch.float16)
         disabled = make_scaler(CPU, torch.bfloat16)
         check(first.is_enabled() is True and disabled is not first,
@@ -119,17 +119,17 @@ def check_make_scaler(make_scaler: Callable[..., Any]) -> None:
                      "the first one skipped a step", "return a new torch.amp.GradScaler on every call")
         with simulated_cuda("T4", replace_real=True) as sim:
             for device, label in ((sim.device, "torch.device('cuda:0')"), ("cuda", "'cuda'")):
-                for name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
-                    _expect_scaler(make_scaler(device, dtype), dtype == torch.float16, "cuda",
+                for name, dtype, enabled in _DTYPES:
+                    _expect_scaler(make_scaler(device, dtype), enabled, "cuda",
                                    f"make_scaler({label}, torch.{name}) on a simulated T4")
     passed("enabled exactly for fp16, for the device's type, with GradScaler's documented scale, growth and backoff, "
            "and a new scaler on every call")
 
 
-def _one_step(amp_train_step, dtype: torch.dtype) -> None:
-    """One step of the learner's amp_train_step on the CPU in `dtype`, checked against its definition."""
+def _one_step(amp_train_step, dtype: torch.dtype, scaled: bool) -> None:
+    """One step of the learner's amp_train_step on the CPU in `dtype` (with an enabled GradScaler if `scaled`),
+    checked against its definition."""
     __tracebackhide__ = True
-    scaled = dtype == torch.float16
     what = f"one {str(dtype).removeprefix('torch.')} step" + (" with an enabled GradScaler" if scaled else "")
     torch.manual_seed(0)
     net = Net()
@@ -179,8 +179,8 @@ def check_amp_train_step(amp_train_step: Callable[..., Any]) -> None:
     __tracebackhide__ = True
     with recorded_warnings("amp_train_step", deprecated="use torch.autocast and torch.amp: torch.cuda.amp is "
                            "deprecated (section 9)"):
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            _one_step(amp_train_step, dtype)
+        for _, dtype, scaled in _DTYPES:
+            _one_step(amp_train_step, dtype, scaled)
         torch.manual_seed(0)
         net = Net()
         optimizer = LegacySGD(net.parameters(), lr=0.05)
@@ -222,12 +222,12 @@ def check_amp_train_step_scaler(amp_train_step: Callable[..., Any]) -> None:
                   "every step needs all of the scaler's calls, in the order of section 6")
             expect_equal(scaler.get_scale(), 512.0, f"the scale after a clean step that followed the {bad} one",
                          "the scale grows only after 2 000 clean steps in a row (section 5)")
-        for gpu, dtype in (("T4", torch.float16), ("A100", torch.bfloat16)):
+        for gpu, dtype, scaled in (("T4", torch.float16, True), ("A100", torch.bfloat16, False)):
             with simulated_cuda(gpu, replace_real=True) as sim:
                 torch.manual_seed(0)
                 net = Net().to(sim.device)
                 optimizer = LegacySGD(net.parameters(), lr=0.05)
-                scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+                scaler = torch.amp.GradScaler("cuda", enabled=scaled)
                 sim.clear()
                 got = run_step(amp_train_step, net, seeded_batch(), optimizer, scaler,
                                torch.nn.functional.cross_entropy, sim.device, dtype)

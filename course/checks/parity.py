@@ -103,12 +103,13 @@ def check_train_and_evaluate(train_and_evaluate: Callable[..., Any]) -> None:
                 check(equal is same, f"{a} and {b} gave {'different' if same else 'the same'} {what}",
                       f"the {what} must follow the seed argument: seed torch before building the model, and pass the "
                       "seed to parity_loaders")
-        for precision, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
+        for precision, dtype, scaled in (("bf16", torch.bfloat16, False), ("fp16", torch.float16, True),
+                                         ("fp32", torch.float32, False)):
             run = runs["seed 1"] if precision == "fp32" else spied_run(train_and_evaluate, precision, 1, 1, cpu,
                                                                       targets, train=False)
             expect_equal(run["dtypes"], [dtype], f"the dtypes train_step got for precision={precision!r}",
                          "pass the dtype PRECISIONS[precision] to train_step")
-            expect_equal(run["scaler"], [dtype == torch.float16], f"whether the GradScaler was enabled (per step) for "
+            expect_equal(run["scaler"], [scaled], f"whether the GradScaler was enabled (per step) for "
                          f"precision={precision!r}", "the GradScaler must be enabled exactly for fp16 (04-amp)")
             expect_equal(run["steps"], runs["seed 1"]["steps"], f"the training steps of one epoch in {precision}",
                          "one call of train_step per training batch, whatever the precision")
