@@ -71,6 +71,8 @@ VARIANTS = [
             "never disables the scaler"),
     Variant("make_scaler", "hardcoded_cuda", True, _scaler(("torch.device(device).type", '"cuda"')),
             "copied from a CUDA example: on the CPU it disables itself"),
+    Variant("make_scaler", "hardcoded_cpu", True, _scaler(("torch.device(device).type", '"cpu"')),
+            "copied from a CPU example: on a GPU its scaler works on CPU tensors only"),
     Variant("make_scaler", "deprecated_cuda_amp", True, _scaler(
         ("torch.amp.GradScaler(torch.device(device).type,", "torch.cuda.amp.GradScaler(")),
         "the deprecated torch.cuda.amp API"),

@@ -61,6 +61,13 @@ VARIANTS = [
         ("    torch.manual_seed(seed)\n", "    torch.manual_seed(seed)\n    torch.backends.cudnn.deterministic = True\n"
          "    torch.backends.cudnn.benchmark = False\n")),
         "sets cuDNN's flags, global settings the lesson says set_seed leaves alone"),
+    Variant("set_seed", "cudnn_benchmark_on", True, _seed(
+        ("    torch.manual_seed(seed)\n", "    torch.manual_seed(seed)\n    torch.backends.cudnn.benchmark = True\n")),
+        "switches cuDNN's benchmark mode on for speed: a global flag that makes runs pick kernels by timing (#22)"),
+    Variant("set_seed", "determinism_warn_only", True, _seed(
+        ("    torch.manual_seed(seed)\n",
+         "    torch.manual_seed(seed)\n    torch.use_deterministic_algorithms(True, warn_only=True)\n")),
+        "switches deterministic algorithms on in warn-only mode: still a global flag changed for the caller (#22)"),
     Variant("set_seed", "other_order_cuda_first", False, """
 def set_seed(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
@@ -197,6 +204,9 @@ def train_and_evaluate(precision: str, seed: int, train_step, epochs: int = 3, d
     Variant("parity_verdict", "strict_on_the_drop_side", True, _verdict(
         ('"ok": abs(delta) <= tolerance', '"ok": -tolerance < delta <= tolerance')),
         "a drop of exactly the tolerance fails, a gain of exactly the tolerance passes"),
+    Variant("parity_verdict", "strict_on_the_gain_side", True, _verdict(
+        ('"ok": abs(delta) <= tolerance', '"ok": -tolerance <= delta < tolerance')),
+        "a gain of exactly the tolerance fails, a drop of exactly the tolerance passes (#22)"),
     Variant("parity_verdict", "shared_result_dict", True, _verdict(
         ("def parity_verdict(", "_VERDICT = {}\n\n\ndef parity_verdict("),
         ('    return {"delta": delta, "noise": noise, "ok": abs(delta) <= tolerance}',

@@ -1,0 +1,112 @@
+"""What the checks of course.checks.amp share: a small model that records autocast during its backward pass, an
+optimizer with the old zero_grad default, a seeded batch, one step computed from its definition, and the warnings
+frame of every check. Not taught in a lesson."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from course.checks import check
+
+CPU = torch.device("cpu")
+
+
+class Probe(torch.autograd.Function):
+    """Passes values through; records whether autocast is on when its backward runs."""
+    backward_in_autocast: list[bool] = []
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        Probe.backward_in_autocast.append(torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"))
+        return grad
+
+
+class Net(nn.Module):
+    """Linear(12, 24), ReLU, Linear(24, 3), with a Probe between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 24), nn.Linear(24, 3)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.fc2(Probe.apply(torch.relu(self.fc1(t))))
+
+
+class LegacySGD(torch.optim.SGD):
+    """SGD whose zero_grad keeps zero tensors unless asked, like optimizers before torch 2.0."""
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+
+
+def seeded_batch(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same (inputs, targets) on every call: 12 features, 3 classes."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def poisoned(value: float):
+    """cross_entropy times `value` (inf or NaN make every gradient non-finite)."""
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(outputs, targets) * value
+    return loss_fn
+
+
+def run_step(amp_train_step, *args):
+    """The learner's amp_train_step(*args), with GradScaler's own complaints turned into a hint."""
+    __tracebackhide__ = True
+    try:
+        return amp_train_step(*args)
+    except (RuntimeError, AssertionError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "update()" in text or "scale" in text or "inf checks" in text:
+            check(False, f"the GradScaler refused the step ({text})",
+                  "every step needs all of the scaler's calls, in the order of section 6")
+        raise
+
+
+def settings() -> dict:
+    """torch's global switches that a training step must leave as it found them."""
+    return {"grad enabled": torch.is_grad_enabled(), "cpu autocast enabled": torch.is_autocast_enabled("cpu"),
+            "default dtype": torch.get_default_dtype()}
+
+
+def expected_step(net: nn.Module, batch, dtype: torch.dtype, scale: float, lr: float = 0.05):
+    """On a copy of `net`: the cross-entropy loss under CPU autocast(dtype); its gradients, taken of the loss times
+    `scale` and divided back (what a GradScaler does); one plain SGD update. Returns (loss, [parameters after])."""
+    twin = copy.deepcopy(net)
+    params = list(twin.parameters())
+    with torch.enable_grad():
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss = nn.functional.cross_entropy(twin(batch[0]), batch[1])
+        grads = torch.autograd.grad(loss * scale, params)
+    return loss.item(), [p.detach() - lr * (g / scale) for p, g in zip(params, grads, strict=True)]
+
+
+@contextlib.contextmanager
+def recorded_warnings(function: str, deprecated: str = "") -> Iterator[None]:
+    """Record every warning of the block (nbgrader scores a cell 0 when anything reaches stderr); afterwards fail
+    for a torch.cuda.amp deprecation when `deprecated` gives the fix, and name any other warning as a note."""
+    __tracebackhide__ = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    texts = [(w.category, str(w.message).splitlines()[0] if str(w.message) else "") for w in caught]
+    if deprecated:
+        old = [t for kind, t in texts if issubclass(kind, (FutureWarning, DeprecationWarning)) and "cuda.amp" in t]
+        check(not old, f"{function} used a deprecated API: {old[:1]}", deprecated)
+    for kind, text in texts:  # no other warning reveals a mistake: name it, never fail for it
+        if "autocast" in text and ("not supported" in text or "Disabling" in text):
+            print(f"note: torch warned '{text[:160]}' during an fp32 step. That is harmless (autocast switched itself "
+                  "off, as fp32 needs); autocast's enabled= argument avoids the warning.")
+        else:
+            print(f"note: a warning while {function} ran ({kind.__name__}: {text[:200]})")
