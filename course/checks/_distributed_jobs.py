@@ -7,6 +7,7 @@ functions and classes here travel by reference, so the workers import this modul
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any
@@ -112,6 +113,14 @@ class Recording(Dataset):
             raise OSError("disk read failed (the check's dataset)")
         self.seen.append(int(i))
         return self.x[i], self.y[i]
+
+
+def rank_folders(prefix: str) -> str:
+    """A new temporary folder with an empty working folder per rank, rank0 and rank1: who wrote what shows."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    for rank in range(2):
+        os.makedirs(os.path.join(folder, f"rank{rank}"))
+    return folder
 
 
 def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None) -> tuple:

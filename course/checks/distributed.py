@@ -249,7 +249,7 @@ def check_train_ddp(train_ddp: Any) -> None:
     _fresh_kernel()
     epochs, batch_size, lr, seed = 2, 10, 0.2, 5  # shards of 24: batches of 10, 10 and 4
     what = f"train_ddp(rank, 2, ..., epochs={epochs}, batch_size={batch_size}, lr={lr}, seed={seed})"
-    folder = _folders("train-ddp-")
+    folder = jobs.rank_folders("train-ddp-")
     hint = ("read the error: init_distributed, DDP(model), shard_loader, set_epoch, all_reduce_mean, save_on_rank0, "
             "and destroy_process_group in a finally block")
     values = []
@@ -289,7 +289,7 @@ def check_train_ddp(train_ddp: Any) -> None:
     expect_close(values[0]["losses"], losses, f"{what}: the epoch losses", rel=1e-4, abs=1e-6,
                  hint="each epoch's loss is the mean of the rank's batch losses (the short last batch counts once, "
                       "like the others), averaged over the ranks with all_reduce_mean")
-    failing = ranks(2).run(jobs.train_job, train_ddp, _folders("train-ddp-fails-"), (2, 8, 0.1), 0, 12)
+    failing = ranks(2).run(jobs.train_job, train_ddp, jobs.rank_folders("train-ddp-fails-"), (2, 8, 0.1), 0, 12)
     for r in failing:
         check(not r.ok and "disk read failed" in str(r.error), f"when the dataset raises, train_ddp on rank {r.rank} "
               + ("returned" if r.ok else f"raised {r.error}"), "let the error propagate (no except that swallows it)")
@@ -297,13 +297,6 @@ def check_train_ddp(train_ddp: Any) -> None:
               "put the training in try: ... finally: dist.destroy_process_group()")
     passed("train_ddp learns on 2 processes what one process learns on the same batches, in a new order every epoch; "
            "rank 0 alone saves the unwrapped model, and the group is destroyed, also when training raises")
-
-
-def _folders(prefix: str) -> str:
-    folder = tempfile.mkdtemp(prefix=prefix)
-    for rank in range(2):
-        os.makedirs(os.path.join(folder, f"rank{rank}"))
-    return folder
 
 
 def _result(value: Any, r: Any, what: str, epochs: int) -> None:
