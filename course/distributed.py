@@ -9,7 +9,9 @@ happened, with a timeout, so that a job that hangs in a collective costs seconds
   `MASTER_ADDR` and a fresh `MASTER_PORT` set as `torchrun` sets them, and returns one `RankResult` per rank: the
   value or the error, whether the process group was left initialised (it is destroyed after every job), the seconds
   and the rank's printed output. Functions written in a notebook travel by value (cloudpickle), so the learner's own
-  code runs in the workers. GPUs are hidden from the workers unless `hide_gpus=False`.
+  code runs in the workers. GPUs are hidden from the workers unless `hide_gpus=False`. A job's time limit grows
+  with how busy the machine is (or COURSE_RANKS_TIMEOUT); a rank stopped at it says so and what to do. The workers'
+  own loop is `course._rankworker`.
 - `ranks(world_size)`: the shared group of this kernel, started on first use and closed at exit.
 - `write_script` / `torchrun`: write functions into a script and launch it with `python -m torch.distributed.run`.
 - `checkup()`: the checks of the troubleshooting table that can be made on this machine.
@@ -27,26 +29,23 @@ import sys
 import tempfile
 import textwrap
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-try:
-    import cloudpickle
-except ImportError:  # older joblib (a dependency of scikit-learn) ships it inside
-    try:
-        from joblib.externals import cloudpickle
-    except ImportError:  # neither (a GPU machine with only torch): plain pickle sends functions by reference, so a
-        cloudpickle = pickle  # function defined in a notebook cannot reach a rank; one from a module can
+from course._rankworker import RankResult, cloudpickle
 
 __all__ = ["free_port", "RankResult", "Ranks", "ranks", "write_script", "torchrun", "TorchrunResult", "checkup"]
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STARTUP_TIMEOUT_S = 180.0
+DEFAULT_TIMEOUT_S = 120.0  # a job's time limit on a quiet machine, before `Ranks.slowness` scales it
+TYPICAL_IMPORT_S = 4.0  # `import torch, torch.distributed` in a worker of a quiet 2-core machine (measured: 3.6-4.0 s)
+TIMEOUT_VARIABLE = "COURSE_RANKS_TIMEOUT"  # seconds: every job's time limit, whatever the machine's speed
 _DIED = "the worker process died (its log says why)"
+_LIBRARY_ROOT = str(Path(__file__).resolve().parent.parent)  # the folder that holds this `course` package
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,85 +55,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-@dataclass
-class RankResult:
-    """What one rank's call returned or raised, as `Ranks.run` brings it back."""
-    rank: int
-    value: Any = None
-    error: str | None = None  # "ValueError: ..." when the call raised (or timed out), else None
-    traceback: str = ""
-    group_left_initialised: bool = False  # the call returned with the default process group still initialised
-    seconds: float = 0.0
-    log: str = ""  # what the rank printed during the call (stdout and stderr)
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def _serve(fd: int) -> None:
-    """The worker's loop: receive a pickled call, run it, send back a RankResult. Runs in the worker process."""
-    conn = Connection(fd)
-    import torch
-    import torch.distributed as dist
-
-    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    torch.set_num_threads(threads)
-    home, base_env = os.getcwd(), dict(os.environ)
-    conn.send_bytes(b"ready")
-    while True:
-        try:
-            message = conn.recv_bytes()
-        except EOFError:
-            return
-        try:
-            job = pickle.loads(message)
-        except Exception as exc:  # noqa: BLE001 - e.g. a function that needs a module the worker cannot import
-            conn.send_bytes(cloudpickle.dumps(RankResult(-1, error=f"the job could not be unpacked in the worker: "
-                                                                  f"{type(exc).__name__}: {exc}")))
-            continue
-        if job is None:
-            return
-        fn, rank, args, kwargs, env = job
-        os.environ.update(env)
-        result, start = RankResult(rank), time.perf_counter()
-        try:
-            result.value = fn(rank, *args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
-            result.error = f"{type(exc).__name__}: {exc}"
-            result.traceback = traceback.format_exc()
-        result.seconds = time.perf_counter() - start
-        if dist.is_available() and dist.is_initialized():
-            result.group_left_initialised = True
-            try:
-                dist.destroy_process_group()  # the next job starts from a clean process
-            except Exception:  # noqa: BLE001
-                pass
-        os.chdir(home)
-        os.environ.clear()
-        os.environ.update(base_env)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            reply = cloudpickle.dumps(result)
-        except Exception as exc:  # noqa: BLE001 - a value that cannot travel is reported, not lost silently
-            result.value = None
-            result.error = result.error or f"the value could not be sent back: {type(exc).__name__}: {exc}"
-            reply = cloudpickle.dumps(result)
-        conn.send_bytes(reply)
-
-
 class Ranks:
     """`world_size` worker processes, started on first use and reused: `run(fn, *args)` calls fn(rank, *args) in each.
 
-    `timeout` (seconds) bounds every job: when it passes, the ranks still running are reported as timed out and every
-    worker is stopped (the next job starts fresh ones). `hide_gpus` sets CUDA_VISIBLE_DEVICES="" in the workers, so
-    that they are CPU processes (gloo) on any machine. `threads` is each worker's torch thread count (default: this
-    process's threads shared out). Use as a context manager, or call `close()`.
+    `timeout` (seconds) bounds every job: when it passes, the ranks still running are reported as timed out, with
+    what to do, and every worker is stopped (the next job starts fresh ones). By default the limit is
+    DEFAULT_TIMEOUT_S scaled by how slow this machine is right now (`slowness`: the workers' import of torch against
+    a quiet machine's), so that a busy laptop or grader is not taken for a hang; COURSE_RANKS_TIMEOUT overrides it.
+    `hide_gpus` sets CUDA_VISIBLE_DEVICES="" in the workers, so that they are CPU processes (gloo) on any machine.
+    `threads` is each worker's torch thread count (default: this process's threads shared out). Use as a context
+    manager, or call `close()`.
     """
 
-    def __init__(self, world_size: int = 2, *, timeout: float = 60.0, hide_gpus: bool = True,
+    def __init__(self, world_size: int = 2, *, timeout: float | None = None, hide_gpus: bool = True,
                  threads: int | None = None) -> None:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r}: give a whole number of processes, 1 or more")
@@ -145,7 +78,8 @@ class Ranks:
         self._logs: list[Path] = []
         self._folder: tempfile.TemporaryDirectory | None = None
         self.starts = 0  # how many times the workers were started (each start pays for importing torch)
-        self._started_at, self._ready = 0.0, False
+        self.slowness = 1.0  # the workers' last import of torch, in units of a quiet machine's (at least 1)
+        self._started_at, self._ready = 0.0, set()
 
     # ---- the workers ------------------------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
@@ -156,6 +90,9 @@ class Ranks:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
         if self.hide_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ""
+        # The workers import this very `course` (a kernel may find it through a path its children do not inherit,
+        # as in the grader's sandbox): its folder goes first on their PYTHONPATH.
+        env["PYTHONPATH"] = os.pathsep.join([_LIBRARY_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         return env
 
     def start(self, wait: bool = True) -> None:
@@ -172,37 +109,50 @@ class Ranks:
             self._stop_now()  # a worker died since the last job: start them all again
         self._folder = tempfile.TemporaryDirectory(prefix="ranks-")
         # SIGINT is the notebook's interrupt, meant for its kernel; the course's grader sends it to the kernel's
-        # children too. Ignored from the first line, an idle worker survives it, and the next job finds it alive
-        # (an interrupt during a job still stops the workers: `run` kills them).
+        # children too. Ignored from before the worker's interpreter starts (an ignored signal stays ignored across
+        # exec), an idle worker survives it, and the next job finds it alive (an interrupt during a job still stops
+        # the workers: `run` kills them).
         env = self._env()
         code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                "from course.distributed import _serve; _serve(int(sys.argv[1]))")
-        for rank in range(self.world_size):
-            ours, theirs = socket.socketpair()
-            log = Path(self._folder.name) / f"rank{rank}.log"
-            with open(log, "wb") as out:
-                proc = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())], env=env,
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        pass_fds=(theirs.fileno(),), start_new_session=True)
-            theirs.close()
-            self._procs.append(proc)
-            self._conns.append(Connection(ours.detach()))
-            self._logs.append(log)
+                "from course._rankworker import serve; serve(int(sys.argv[1]))")
+        try:
+            for rank in range(self.world_size):
+                ours, theirs = socket.socketpair()
+                log = Path(self._folder.name) / f"rank{rank}.log"
+                with open(log, "wb") as out:
+                    proc = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())], env=env,
+                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            pass_fds=(theirs.fileno(),), start_new_session=True,
+                                            preexec_fn=_ignore_interrupts)
+                theirs.close()
+                self._procs.append(proc)
+                self._conns.append(Connection(ours.detach()))
+                self._logs.append(log)
+        except BaseException:  # interrupted half-way: no group of fewer workers may survive
+            self._stop_now()
+            raise
         self.starts += 1
-        self._started_at, self._ready = time.monotonic(), False
+        self._started_at, self._ready = time.monotonic(), set()
         if wait:
             self._wait_ready()
 
     def _wait_ready(self) -> None:
-        if self._ready:
-            return
         deadline = self._started_at + STARTUP_TIMEOUT_S
         for rank, conn in enumerate(self._conns):
-            if not conn.poll(max(0.0, deadline - time.monotonic())) or conn.recv_bytes() != b"ready":
+            if rank in self._ready:  # its "ready" was read by a wait that an interrupt cut short
+                continue
+            try:
+                message = conn.recv_bytes() if conn.poll(max(0.0, deadline - time.monotonic())) else b""
+                why = f"did not start within {STARTUP_TIMEOUT_S:.0f} s"
+            except (EOFError, OSError):  # it died while starting (its log says why)
+                message, why = b"", f"died while starting (exit status {self._procs[rank].poll()})"
+            if not message.startswith(b"ready"):
                 text = self._logs[rank].read_text(errors="replace")[-2000:]
                 self._stop_now()
-                raise RuntimeError(f"worker {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s:\n{text}")
-        self._ready = True
+                raise RuntimeError(f"worker {rank} {why}:\n{text}")
+            self._ready.add(rank)
+            imported = float(message.split()[1]) if len(message.split()) > 1 else TYPICAL_IMPORT_S
+            self.slowness = max(self.slowness if rank else 1.0, min(10.0, imported / TYPICAL_IMPORT_S))
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and delete their logs."""
@@ -256,7 +206,7 @@ class Ranks:
                             f"({type(exc).__name__}: {exc}); pass functions, numbers, tensors and datasets") from exc
         self.start()
         offsets = [log.stat().st_size for log in self._logs]
-        limit = self.timeout if timeout is None else timeout
+        limit = self.limit(timeout)
         try:
             for conn, message in zip(self._conns, payload, strict=True):
                 conn.send_bytes(message)
@@ -266,13 +216,19 @@ class Ranks:
             raise
         logs = [self._read_log(rank, offsets[rank]) for rank in range(self.world_size)]
         for rank in stuck:
-            results[rank] = RankResult(rank, error=f"TimeoutError: rank {rank} was still running after {limit:g} s "
-                                       "(stopped)", timed_out=True, seconds=limit)
+            results[rank] = RankResult(rank, error=_timed_out(rank, limit), timed_out=True, seconds=limit)
         if stuck or any(r.error == _DIED for r in results.values()):
             self._stop_now()  # the next job starts fresh workers
         for rank, result in results.items():
             result.log = logs[rank]
         return [results[rank] for rank in range(self.world_size)]
+
+    def limit(self, timeout: float | None = None) -> float:
+        """A job's time limit in seconds: `timeout` when given, else the object's `timeout`, else the variable
+        COURSE_RANKS_TIMEOUT, else DEFAULT_TIMEOUT_S times `slowness`."""
+        if timeout is not None or self.timeout is not None:
+            return float(self.timeout if timeout is None else timeout)
+        return float(os.environ.get(TIMEOUT_VARIABLE) or DEFAULT_TIMEOUT_S * self.slowness)
 
     def _collect(self, deadline: float) -> tuple[dict[int, RankResult], list[int]]:
         """The replies that arrive before `deadline`, and the ranks that are still running then."""
@@ -323,6 +279,17 @@ class Ranks:
     def __repr__(self) -> str:
         state = "running" if self._procs else "not started"
         return f"Ranks(world_size={self.world_size}, {state}, started {self.starts} time(s))"
+
+
+def _ignore_interrupts() -> None:
+    """In the worker between fork and exec: SIGINT ignored, which the new interpreter keeps."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _timed_out(rank: int, limit: float) -> str:
+    return (f"TimeoutError: rank {rank} was still running after {limit:.0f} s and was stopped (the next job starts "
+            "fresh workers). Either it waits in a collective that another rank skipped, or this machine is busy: "
+            f"run the cell again, or give the job more time with run(..., timeout=seconds) or {TIMEOUT_VARIABLE}")
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -145,6 +145,89 @@ def test_an_interrupt_of_the_notebook_leaves_idle_workers_alive(group):
     assert [r.value[4] for r in results] == pids and group.starts == starts
 
 
+def _interrupted(fn, after: float) -> None:
+    """Call fn() and deliver a KeyboardInterrupt to this (the main) thread `after` seconds in, as the notebook's
+    interrupt button, or the grader at a cell's time limit, delivers one to the kernel."""
+    import _thread
+    import threading
+
+    timer = threading.Timer(after, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fn()
+            time.sleep(60)  # fn returned first: the interrupt lands here
+    finally:
+        timer.cancel()
+
+
+def test_an_interrupted_cell_breaks_no_later_test_cell(group):
+    """Issue #22: a cell stopped at its time limit (a learner's endless loop right after init_distributed, a job in
+    the middle of its work, the workers in the middle of starting) and a process group a cell left in the kernel
+    leave every later test cell of the notebook passing, visible checks and hidden tests alike."""
+    import torch.distributed as dist
+
+    from tests.harness import run_function_tests
+
+    _interrupted(lambda: exec(compile("import time\nwhile True:\n    time.sleep(0.05)", "<cell>", "exec"), {}), 1.0)
+    _interrupted(lambda: group.run(_sleep, 30), 1.0)
+    group.close()
+    group.start(wait=False)
+    _interrupted(group.start, 0.2)  # while it waits for the workers' import of torch
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    try:
+        for function in GRADED:
+            results = run_function_tests(NOTEBOOK, function)
+            assert results and all(r.passed and not r.stderr for r in results), \
+                [(r.grade_id, r.error[:400], r.stderr[:200]) for r in results]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert not dist.is_initialized()
+
+
+def _not_written(rank):
+    raise NotImplementedError()
+
+
+def test_a_job_stopped_at_its_limit_and_an_unwritten_function_say_what_to_do(group, monkeypatch):
+    """A rank stopped at the time limit says why it may have been and how to run it again (#25.12); a bare
+    NotImplementedError names the function that is not written yet (#25.7)."""
+    stopped = group.run(_sleep, 30, timeout=1.0)
+    assert all("run the cell again" in r.error and "COURSE_RANKS_TIMEOUT" in r.error for r in stopped)
+    unwritten = group.run(_not_written)
+    assert all(r.error.startswith("NotImplementedError: `_not_written` is not written yet. Fix: replace") for r in
+               unwritten), unwritten[0].error
+
+
+def test_the_job_limit_grows_with_the_machines_slowness(monkeypatch):
+    import course.distributed as cd
+
+    monkeypatch.delenv(cd.TIMEOUT_VARIABLE, raising=False)
+    busy = Ranks(2)
+    assert busy.limit() == cd.DEFAULT_TIMEOUT_S and busy.limit(5) == 5
+    busy.slowness = 3.5  # its workers took 3.5 times a quiet machine's import of torch
+    assert busy.limit() == 3.5 * cd.DEFAULT_TIMEOUT_S and Ranks(2, timeout=7).limit() == 7
+    monkeypatch.setenv(cd.TIMEOUT_VARIABLE, "900")
+    assert busy.limit() == 900 and busy.limit(5) == 5
+
+
+def _imports(rank):
+    import course
+
+    return course.__file__, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+
+
+def test_the_workers_import_the_course_of_this_process(group, monkeypatch):
+    """A kernel can find `course` through a path its children do not inherit (the grader's sandbox): the workers get
+    it on their PYTHONPATH, so they run the same library (issue #22's 2/13 there: "No module named 'course'")."""
+    import course
+
+    for path, first in group.values(_imports):
+        assert Path(path).resolve() == Path(course.__file__).resolve()
+        assert Path(first).resolve() == Path(course.__file__).resolve().parent.parent
+
+
 def test_a_port_taken_before_rank0_binds_it_is_retried(group, monkeypatch):
     """free_port() and rank 0's bind are moments apart; another program can take the port in between."""
     import socket
@@ -296,6 +379,14 @@ def test_troubleshooting_table_covers_the_course(nb):
 
 
 # ---------------------------------------------------------------- the notebook
+def test_the_judges_alone_catch_every_mistake_of_the_catalogue():
+    """The visible checks run in the learner's kernel, where their code could make them pass (#21): with every
+    visible check switched off, the hidden probes and judges still catch each wrong variant."""
+    from tests.harness import missed_without_visible_checks
+
+    assert missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "distributed.py") == []
+
+
 def test_cell_layout_and_graded_cells(nb):
     """Title, Colab cell and setup first; each solution cell is followed by its test cell; a summary at the end."""
     assert nb.cells[0].cell_type == "markdown" and "colab-badge.svg" in nb.cells[0].source

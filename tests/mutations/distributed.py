@@ -39,6 +39,9 @@ _PARSE = ("""        try:
 _BARRIER = ("""    if dist.is_available() and dist.is_initialized():
         dist.barrier()  # every rank, rank 0 included: the others wait here until the file is complete
 """, "")
+_TOTAL = "            total, batches = torch.zeros((), device=device), 0  # the running loss stays on the device\n"
+_ADD_LOSS = ("                total += loss.detach()  # no .item() here: on a GPU it would wait for the GPU at every "
+             "step\n                batches += 1\n")
 _FINALLY = (_RETURN, f"        return {_RESULT}\n    finally:\n        pass")
 
 VARIANTS = [
@@ -140,6 +143,9 @@ VARIANTS = [
                     ("DataLoader(dataset, batch_size=batch_size, sampler=sampler)",
                      "DataLoader(dataset, batch_size, shuffle=False, sampler=sampler, num_workers=0)")),
             "positional arguments and the defaults spelt out"),
+    Variant("shard_loader", "sampler_drops_the_tail", True,
+            _loader(("shuffle=shuffle, seed=seed)", "shuffle=shuffle, seed=seed, drop_last=True)")),
+            "the sampler drops the items that do not divide evenly: they are never trained on"),
     Variant("shard_loader", "worker_processes", True,
             _loader(("sampler=sampler)", "sampler=sampler, num_workers=1)")),
             "loads the batches in a worker process, which the contract rules out (a test's dataset must be read here)"),
@@ -214,15 +220,19 @@ VARIANTS = [
                                                        "            sampler.set_epoch(epoch)")),
         "ddp.module is the wrapped model; the sampler through a variable"),
     Variant("train_ddp", "per_sample_epoch_loss", True,
-            _train(("                total += loss.item()\n                batches += 1\n",
-                    "                total += loss.item() * len(inputs)\n                batches += len(inputs)\n")),
+            _train((_ADD_LOSS, "                total += loss.detach() * len(inputs)\n"
+                               "                batches += len(inputs)\n")),
             "the epoch's loss as a mean over samples: differs from the promised mean of batch losses when the last "
             "batch is short"),
     Variant("train_ddp", "zero_grad_once_per_epoch", True,
             _train(("                optimizer.zero_grad(set_to_none=True)\n", ""),
-                   ("            total, batches = 0.0, 0\n",
-                    "            total, batches = 0.0, 0\n            optimizer.zero_grad(set_to_none=True)\n")),
+                   (_TOTAL, _TOTAL + "            optimizer.zero_grad(set_to_none=True)\n")),
             "gradients pile up over the batches of an epoch"),
+    Variant("train_ddp", "reads_the_loss_every_step", False,
+            _train((_TOTAL, "            total, batches = 0.0, 0\n"),
+                   (_ADD_LOSS, "                total += loss.item()\n                batches += 1\n")),
+            "a float sum with .item() at every step: the same losses (on a GPU it waits for the GPU at every step, "
+            "which the lesson warns against, but the result is right)"),
     Variant("train_ddp", "optimizer_over_the_model", False,
             _train(("torch.optim.SGD(ddp.parameters(), lr=lr)", "torch.optim.SGD(model.parameters(), lr=lr)")),
             "DDP's parameters are the wrapped model's: the same tensors"),

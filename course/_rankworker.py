@@ -1,0 +1,112 @@
+"""The worker side of `course.distributed.Ranks`: the loop each worker process runs, and what it sends back.
+
+Not taught in a lesson (08-distributed uses it through `course.distributed`). A worker receives a pickled call,
+runs it, destroys a process group the call left initialised (every job starts from a clean process), puts its working
+folder and environment back, and answers with a `RankResult`. Standard library only at import; torch when it runs.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+try:
+    import cloudpickle
+except ImportError:  # older joblib (a dependency of scikit-learn) ships it inside
+    try:
+        from joblib.externals import cloudpickle
+    except ImportError:  # neither (a GPU machine with only torch): plain pickle sends functions by reference, so a
+        cloudpickle = pickle  # function defined in a notebook cannot reach a rank; one from a module can
+
+__all__ = ["RankResult", "describe_error", "serve", "cloudpickle"]
+
+NOT_WRITTEN = "replace `raise NotImplementedError()` with your code, run its cell, then run this cell again"
+
+
+@dataclass
+class RankResult:
+    """What one rank's call returned or raised, as `Ranks.run` brings it back."""
+    rank: int
+    value: Any = None
+    error: str | None = None  # "ValueError: ..." when the call raised (or timed out), else None
+    traceback: str = ""
+    group_left_initialised: bool = False  # the call returned with the default process group still initialised
+    seconds: float = 0.0
+    log: str = ""  # what the rank printed during the call (stdout and stderr)
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+
+def describe_error(exc: BaseException) -> str:
+    """"Type: message" for what a rank raised; a bare NotImplementedError (an exercise not written yet) names the
+    function it came from and says what to do, instead of "NotImplementedError: " with nothing after it."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, NotImplementedError) and not str(exc):
+        tb, name = exc.__traceback__, None
+        while tb is not None:
+            name, tb = tb.tb_frame.f_code.co_name, tb.tb_next
+        text = f"NotImplementedError: `{name}` is not written yet. Fix: {NOT_WRITTEN}"
+    return text
+
+
+def serve(fd: int) -> None:
+    """The worker's loop: receive a pickled call, run it, send back a RankResult. Runs in the worker process."""
+    conn = Connection(fd)
+    started = time.perf_counter()
+    import torch
+    import torch.distributed as dist
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)
+    home, base_env = os.getcwd(), dict(os.environ)
+    conn.send_bytes(f"ready {time.perf_counter() - started:.3f}".encode())  # the import's time: how busy we are
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            job = pickle.loads(message)
+        except Exception as exc:  # noqa: BLE001 - e.g. a function that needs a module the worker cannot import
+            conn.send_bytes(cloudpickle.dumps(RankResult(-1, error=f"the job could not be unpacked in the worker: "
+                                                                  f"{type(exc).__name__}: {exc}")))
+            continue
+        if job is None:
+            return
+        fn, rank, args, kwargs, env = job
+        os.environ.update(env)
+        result, start = RankResult(rank), time.perf_counter()
+        try:
+            result.value = fn(rank, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
+            result.error = describe_error(exc)
+            result.traceback = traceback.format_exc()
+        result.seconds = time.perf_counter() - start
+        if dist.is_available() and dist.is_initialized():
+            result.group_left_initialised = True
+            try:
+                dist.destroy_process_group()  # the next job starts from a clean process
+            except Exception:  # noqa: BLE001
+                pass
+        os.chdir(home)
+        os.environ.clear()
+        os.environ.update(base_env)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            reply = cloudpickle.dumps(result)
+        except Exception as exc:  # noqa: BLE001 - a value that cannot travel is reported, not lost silently
+            result.value = None
+            result.error = result.error or f"the value could not be sent back: {type(exc).__name__}: {exc}"
+            reply = cloudpickle.dumps(result)
+        conn.send_bytes(reply)
+

@@ -1,0 +1,163 @@
+"""What the visible checks of 08-distributed run in the worker processes, and the data they compute expectations from.
+
+Not taught in a lesson. The jobs take the learner's function as an argument (it travels by value, with the
+notebook's globals it uses) and return plain observations; `course.checks.distributed` decides from them. Module-level
+functions and classes here travel by reference, so the workers import this module.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
+
+from course.distributed import free_port
+
+BAD_VALUES = (("RANK", "first"), ("WORLD_SIZE", "1.0"), ("LOCAL_RANK", ""))
+LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def init_alone(rank: int, init_distributed: Any) -> dict:
+    """A process started without a launcher: init_distributed twice, then with each malformed variable."""
+    for name in LAUNCH:
+        os.environ.pop(name, None)
+    os.environ["MASTER_PORT"] = str(free_port())
+    seen: dict[str, Any] = {"got": init_distributed()}
+    seen["joined"] = (dist.get_backend(), dist.get_world_size()) if dist.is_initialized() else None
+    try:
+        seen["again"] = init_distributed()
+    except Exception as exc:  # noqa: BLE001 - what a second call raised is an observation
+        seen["again"] = _error(exc)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for name, value in BAD_VALUES:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()))
+        os.environ[name] = value
+        try:
+            init_distributed()
+            seen[name] = (None, "", dist.is_initialized())
+        except Exception as exc:  # noqa: BLE001
+            seen[name] = (type(exc).__name__, str(exc), dist.is_initialized())
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return seen
+
+
+def init_pair(rank: int, init_distributed: Any) -> tuple:
+    """Rank `rank` of a 2-process job as torchrun starts it: init_distributed, then an all-reduce of rank + 1."""
+    got = init_distributed()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    return got, dist.get_backend(), dist.get_world_size(), total.item()
+
+
+def mean_pair(rank: int, all_reduce_mean: Any) -> dict:
+    """all_reduce_mean in the job's own gloo group, on a number and on tensors of several kinds."""
+    dist.init_process_group("gloo")
+    loss = torch.tensor(4.0 * (rank + 1))  # 4 and 8
+    seen = {"number": all_reduce_mean(rank + 1), "tensor": all_reduce_mean(loss, device="cpu")}
+    seen["after"] = loss.item()
+    seen["integer"] = all_reduce_mean(torch.tensor(rank + 5))  # 5 and 6
+    seen["graph"] = all_reduce_mean(torch.tensor(1.0 + rank, requires_grad=True) * 1.0)  # 1 and 2
+    return seen
+
+
+def save_pair(rank: int, save_on_rank0: Any, path: str, returned: str) -> dict:
+    """save_on_rank0 in a gloo group where rank 0 saves late: a rank 1 that does not wait says so in `returned`."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=15))
+    if rank == 0:
+        deadline = time.monotonic() + 1.5
+        while not os.path.exists(returned) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    wrote = save_on_rank0({"from": rank}, path, rank)
+    there = os.path.exists(path)
+    if rank == 1:
+        open(returned, "w").close()
+    return {"wrote": wrote, "there": there}
+
+
+# ---- train_ddp --------------------------------------------------------------------------------------------------
+def make_model() -> torch.nn.Module:
+    """The check's model: the same start on every rank, whatever train_ddp seeds."""
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+
+
+def training_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(99)
+    return TensorDataset(torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g))
+
+
+class Recording(Dataset):
+    """A dataset that remembers which items were read, in order; from `fail_after` reads on, reading raises."""
+
+    def __init__(self, data: TensorDataset, fail_after: int | None = None) -> None:
+        self.x, self.y = data.tensors
+        self.seen: list[int] = []
+        self.fail_after = fail_after
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fail_after is not None and len(self.seen) >= self.fail_after:
+            raise OSError("disk read failed (the check's dataset)")
+        self.seen.append(int(i))
+        return self.x[i], self.y[i]
+
+
+def rank_folders(prefix: str) -> str:
+    """A new temporary folder with an empty working folder per rank, rank0 and rank1: who wrote what shows."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    for rank in range(2):
+        os.makedirs(os.path.join(folder, f"rank{rank}"))
+    return folder
+
+
+def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None) -> tuple:
+    """train_ddp in its own folder (so that we see who wrote what) on a Recording dataset: (result, items read)."""
+    os.chdir(os.path.join(folder, f"rank{rank}"))
+    data = Recording(training_data(), fail_after)
+    epochs, batch_size, lr = args
+    return train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed), data.seen
+
+
+def shard_orders(size: int, world_size: int, epoch: int, seed: int, shuffle: bool = True) -> list[list[int]]:
+    """Each rank's order of `size` items in `epoch`, as DistributedSampler gives it after set_epoch(epoch)."""
+    orders = []
+    for r in range(world_size):
+        sampler = DistributedSampler(range(size), num_replicas=world_size, rank=r, shuffle=shuffle, seed=seed)
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+def one_process(epochs: int, batch_size: int, lr: float, seed: int,
+                world_size: int = 2) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """What data parallelism must equal: one process, plain SGD, each step on the mean of the ranks' batch losses of
+    that step (equal batches on every rank). Returns (parameters, each epoch's mean of the step losses)."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    x, y = training_data().tensors
+    losses = []
+    for epoch in range(epochs):
+        orders = shard_orders(len(x), world_size, epoch, seed)
+        steps = []
+        for start in range(0, len(orders[0]), batch_size):
+            optimizer.zero_grad()
+            per_rank = [torch.nn.functional.cross_entropy(model(x[o[start:start + batch_size]]),
+                                                          y[o[start:start + batch_size]]) for o in orders]
+            (sum(per_rank) / world_size).backward()
+            optimizer.step()
+            steps.append(sum(loss.item() for loss in per_rank) / world_size)
+        losses.append(sum(steps) / len(steps))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
