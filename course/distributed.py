@@ -44,6 +44,9 @@ STARTUP_TIMEOUT_S = 180.0
 DEFAULT_TIMEOUT_S = 120.0  # a job's time limit on a quiet machine, before `Ranks.slowness` scales it
 TYPICAL_IMPORT_S = 4.0  # `import torch, torch.distributed` in a worker of a quiet 2-core machine (measured: 3.6-4.0 s)
 TIMEOUT_VARIABLE = "COURSE_RANKS_TIMEOUT"  # seconds: every job's time limit, whatever the machine's speed
+# After one rank fails, how long the others may still take: a rank waiting for a failed peer (in init_process_group's
+# rendezvous, or in a collective the peer never joined) waits until its own timeout otherwise, on every torch release.
+PEER_GRACE_S = 20.0
 _DIED = "the worker process died (its log says why)"
 _LIBRARY_ROOT = str(Path(__file__).resolve().parent.parent)  # the folder that holds this `course` package
 
@@ -109,9 +112,9 @@ class Ranks:
             self._stop_now()  # a worker died since the last job: start them all again
         self._folder = tempfile.TemporaryDirectory(prefix="ranks-")
         # SIGINT is the notebook's interrupt, meant for its kernel; the course's grader sends it to the kernel's
-        # children too. Ignored from before the worker's interpreter starts (an ignored signal stays ignored across
-        # exec), an idle worker survives it, and the next job finds it alive (an interrupt during a job still stops
-        # the workers: `run` kills them).
+        # children too. Ignored on the worker's first line, an idle worker survives it, and the next job finds it
+        # alive (an interrupt during a job still stops the workers: `run` kills them). Not from a preexec_fn: Python
+        # documents it as unsafe in a process with threads, and a kernel has several.
         env = self._env()
         code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
                 "from course._rankworker import serve; serve(int(sys.argv[1]))")
@@ -122,8 +125,7 @@ class Ranks:
                 with open(log, "wb") as out:
                     proc = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())], env=env,
                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            pass_fds=(theirs.fileno(),), start_new_session=True,
-                                            preexec_fn=_ignore_interrupts)
+                                            pass_fds=(theirs.fileno(),), start_new_session=True)
                 theirs.close()
                 self._procs.append(proc)
                 self._conns.append(Connection(ours.detach()))
@@ -215,8 +217,10 @@ class Ranks:
             self._stop_now()
             raise
         logs = [self._read_log(rank, offsets[rank]) for rank in range(self.world_size)]
+        failed = [r.rank for r in results.values() if not r.ok]
         for rank in stuck:
-            results[rank] = RankResult(rank, error=_timed_out(rank, limit), timed_out=True, seconds=limit)
+            error = _left_waiting(rank, failed[0]) if failed else _timed_out(rank, limit)
+            results[rank] = RankResult(rank, error=error, timed_out=True, seconds=limit)
         if stuck or any(r.error == _DIED for r in results.values()):
             self._stop_now()  # the next job starts fresh workers
         for rank, result in results.items():
@@ -231,7 +235,8 @@ class Ranks:
         return float(os.environ.get(TIMEOUT_VARIABLE) or DEFAULT_TIMEOUT_S * self.slowness)
 
     def _collect(self, deadline: float) -> tuple[dict[int, RankResult], list[int]]:
-        """The replies that arrive before `deadline`, and the ranks that are still running then."""
+        """The replies that arrive before `deadline` (or within PEER_GRACE_S of a rank's failure, if sooner), and the
+        ranks that are still running then."""
         results: dict[int, RankResult] = {}
         waiting = dict(zip(self._conns, range(self.world_size), strict=True))
         while waiting:
@@ -245,6 +250,8 @@ class Ranks:
                     results[rank].rank = rank
                 except (EOFError, OSError):
                     results[rank] = RankResult(rank, error=_DIED)
+                if not results[rank].ok:
+                    deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         return results, sorted(waiting.values())
 
     def values(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
@@ -281,15 +288,16 @@ class Ranks:
         return f"Ranks(world_size={self.world_size}, {state}, started {self.starts} time(s))"
 
 
-def _ignore_interrupts() -> None:
-    """In the worker between fork and exec: SIGINT ignored, which the new interpreter keeps."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _timed_out(rank: int, limit: float) -> str:
     return (f"TimeoutError: rank {rank} was still running after {limit:.0f} s and was stopped (the next job starts "
             "fresh workers). Either it waits in a collective that another rank skipped, or this machine is busy: "
             f"run the cell again, or give the job more time with run(..., timeout=seconds) or {TIMEOUT_VARIABLE}")
+
+
+def _left_waiting(rank: int, failed: int) -> str:
+    return (f"TimeoutError: rank {rank} was still running {PEER_GRACE_S:.0f} s after rank {failed} failed, and was "
+            f"stopped: it was most likely waiting for rank {failed} (in init_process_group or a collective). "
+            f"Fix rank {failed}'s error first")
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -110,12 +110,34 @@ def _said(results) -> str:
 
 
 def test_ranks_stop_a_job_at_its_timeout_and_start_again(group):
+    group.values(_sleep, 0)  # workers up, whichever test ran before (or none)
     starts = group.starts
     start = time.perf_counter()
     results = group.run(_sleep, 30, timeout=1.5)
     assert time.perf_counter() - start < 15
     assert all(r.timed_out and "TimeoutError" in r.error for r in results)
     assert group.values(_sleep, 0) == [0, 1] and group.starts == starts + 1
+
+
+def _rank0_fails_before_the_rendezvous(rank):
+    import torch.distributed as dist
+
+    if rank == 0:
+        raise ValueError("rank 0 gave up")
+    dist.init_process_group("gloo")  # waits for rank 0, which never comes
+    return rank
+
+
+def test_a_rank_left_waiting_for_a_failed_peer_is_stopped_soon_after(group, monkeypatch):
+    """A rank that waits for a peer that failed (here in init_process_group's rendezvous) does not hold the job to
+    its full limit, on any torch release: it is stopped PEER_GRACE_S after the failure, and the error says why."""
+    monkeypatch.setattr("course.distributed.PEER_GRACE_S", 2.0)
+    start = time.perf_counter()
+    results = group.run(_rank0_fails_before_the_rendezvous, timeout=120)
+    assert time.perf_counter() - start < 60, "the waiting rank was held to the job's limit"
+    assert "rank 0 gave up" in results[0].error
+    assert results[1].timed_out and "after rank 0 failed" in results[1].error, _said(results)
+    assert group.values(_sleep, 0) == [0, 1]
 
 
 def _die_on_rank1(rank):
