@@ -20,12 +20,13 @@ from torch import nn
 from course import observe
 from course.compile import PT2_ANNOUNCEMENT, ElementwiseChain, GraphRecorder, elementwise_chain, stand_in_compile
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
+from tests.harness import without_visible_checks
 from tests.mutations import solution_cell
 
 ASSIGNMENT = "06-compile"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "compile.ipynb"
 GRADED = {"compile_report": ["test_compile_report"], "safe_compile": ["test_safe_compile"],
-          "fit": ["test_fit", "test_fit_precision", "test_fit_compile"]}
+          "fit": ["test_fit", "test_fit_precision", "test_fit_compile", "test_fit_scheduler", "test_fit_clipping"]}
 
 
 def _solution() -> SimpleNamespace:
@@ -233,7 +234,7 @@ def test_cell_layout_and_graded_cells(nb):
         assert ids[at + 1:at + 1 + len(tests)] == tests
         for cell in nb.cells[at + 1:at + 1 + len(tests)]:
             assert cell.source.startswith('"""Check '), f"{grade_id(cell)}: start with a one-line docstring"
-            assert "### BEGIN HIDDEN TESTS" in cell.source and "__check_" in cell.source
+            assert "### BEGIN HIDDEN TESTS" in cell.source and without_visible_checks(cell.source) != cell.source
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
 
 
@@ -247,7 +248,7 @@ def _judged_cells(nb) -> list[tuple[str, str, str]]:
     for cell in nb.cells:
         if cell.cell_type == "code" and nbgrader_meta(cell).get("grade"):
             judge = "".join(part for part in _JUDGE.findall(cell.source) if "def __judge_" in part)
-            probe = _JUDGE.sub("", cell.source).split("\nfrom course import checks\nwith checks.graded(")[0]
+            probe = _JUDGE.sub("", cell.source).split("\nfrom course import checks\n")[0]
             found += [(name, probe, judge) for name in re.findall(r'checks\.judged\("(\w+)"\)', cell.source)]
     return found
 
