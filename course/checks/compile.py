@@ -1,10 +1,12 @@
 """The visible checks of 06-compile/compile.ipynb: one call per test cell, `check_<function>(<the learner's function>)`.
 
-Each check runs the learner's function under a stand-in compiler (`course.compile.stand_in_compile`), whose costs it
-knows, so that a second tells compile time from steady-state time; on a simulated GPU (`course.simgpu`) where only a
-GPU would show the mistake. Expectations come from first principles (a model that sleeps a known time, an offset
-the check itself adds to the compiled outputs), never from a reference implementation. Grading checks more (other
-GPUs, other inputs). The checks of `fit` live in `course.checks._compile_fit` and are re-exported here.
+The checks run the learner's function under a stand-in compiler (`course.compile.stand_in_compile`) whose first call
+takes a known time, so that they can tell compile time from steady-state time in a second instead of a real
+compile's ten, and on a simulated GPU (`course.simgpu`) where only a GPU would show the mistake. Expectations come
+from first principles (a model that sleeps a known time, offsets the check itself adds to the compiled outputs),
+never from a reference implementation. Grading runs more cases (other GPUs, other inputs). The checks of `fit` live
+in `course.checks._compile_fit` and `course.checks._compile_steps` (its scheduler and clipping) and are re-exported
+here, with `optimizer_steps`, the recorder of optimizer steps that the hidden tests use too.
 """
 from __future__ import annotations
 
