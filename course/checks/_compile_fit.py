@@ -1,7 +1,8 @@
 """The visible checks of 06-compile's capstone `fit` (re-exported by course.checks.compile, where the notebook finds
-them): small models on the digits, models whose logits never change (so that the expected loss and accuracy are
-computed here from first principles), a model that sleeps a known time, a simulated GPU, spies on the GradScaler and
-on every optimizer step (the learning rate it steps with, the norm of the gradients it finds).
+them): what it returns and how it trains and validates (`check_fit`), and its compile option (`check_fit_compile`),
+with small models on the digits, a model whose logits never change (so that the expected loss and accuracy are
+computed here from first principles), a model that sleeps a known time and a simulated GPU. The checks of its
+training-step options (precision, scheduler, clip_grad_norm) are in course.checks._compile_steps.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.amp import GradScaler
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from course.checks import check, expect_close, expect_type, passed
@@ -25,7 +25,7 @@ from course.data import digits
 from course.models import MLP
 from course.simgpu import CostlyModel, gpu_session
 
-__all__ = ["check_fit", "check_fit_precision", "check_fit_compile", "noted_warnings"]
+__all__ = ["check_fit", "check_fit_compile", "noted_warnings"]
 
 _CPU = torch.device("cpu")
 
@@ -221,102 +221,6 @@ def _check_on_gpu(fit: Callable[..., Any]) -> None:
     check(history["samples_per_s"][0] <= honest, f"on a GPU samples_per_s is {history['samples_per_s'][0]:.0f}, but "
           f"each batch of 32 runs {gpu_ms:.0f} ms of GPU work, so at most {honest:.0f}",
           "synchronise the GPU (torch.cuda.synchronize) before starting and before stopping the epoch's clock")
-
-
-class _Spy(nn.Module):
-    """Records the autocast dtype of every training forward (float32 when autocast is off)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner, self.seen = inner, []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
-            kind = "cuda" if torch.is_autocast_enabled("cuda") else "cpu"  # CUDA autocast, as on a GPU
-            on = torch.is_autocast_enabled(kind)
-            self.seen.append(torch.get_autocast_dtype(kind) if on else torch.float32)
-        return self.inner(x)
-
-
-@contextlib.contextmanager
-def _scaler_spy() -> Iterator[dict[str, int]]:
-    """Counts the calls of an enabled GradScaler's scale, step and update inside the block."""
-    counts = {"scale": 0, "step": 0, "update": 0}
-    originals = {name: GradScaler.__dict__[name] for name in counts}
-
-    def spy_on(name: str) -> Callable[..., Any]:
-        original = originals[name]
-
-        def method(self: GradScaler, *args: Any, **kwargs: Any) -> Any:
-            if self.is_enabled():
-                counts[name] += 1
-            return original(self, *args, **kwargs)
-        return method
-
-    try:
-        for name in counts:
-            setattr(GradScaler, name, spy_on(name))
-        yield counts
-    finally:
-        for name, original in originals.items():
-            setattr(GradScaler, name, original)
-
-
-def check_fit_precision(fit: Callable[..., Any]) -> None:
-    """fit's precision on the CPU (the autocast dtype of each training forward, the GradScaler's calls), "auto" on a
-    (simulated) T4, and an unknown precision."""
-    __tracebackhide__ = True
-    with noted_warnings("fit"):
-        train, val = _small()
-        steps = len(train)
-        with _scaler_spy() as counts:
-            for precision, dtype in (("auto", torch.bfloat16), ("bf16", torch.bfloat16), ("fp32", torch.float32),
-                                     ("fp16", torch.float16)):
-                counts.update(scale=0, step=0, update=0)
-                torch.manual_seed(0)
-                spy = _Spy(_mlp())
-                history = _fitted(fit, spy, train, val, epochs=1, device=_CPU, precision=precision)
-                check(isinstance(history, dict) and len(history.get("train_loss", [])) == 1,
-                      f"fit(precision={precision!r}) returned an incomplete history", "return the history dict")
-                used = sorted(map(str, set(spy.seen)))
-                rule = " (this device's AMP dtype from 04-amp: bf16 on a CPU)" if precision == "auto" else ""
-                how = "with autocast disabled (enabled=False)" if dtype == torch.float32 else "under torch.autocast"
-                check(set(spy.seen) == {dtype}, f"with precision={precision!r} on a CPU the training forward ran in "
-                      f"{used}, not {dtype}{rule}", f"run forward and loss {how}(device.type, dtype=...) with {dtype}")
-                if dtype == torch.float16:
-                    check(min(counts.values()) >= steps, f"with fp16 an enabled GradScaler was used in {counts} of "
-                          f"{steps} steps", "fp16 needs an enabled GradScaler: backward on scaler.scale(loss), then "
-                          "scaler.step(optimizer) and scaler.update() every step")
-                else:
-                    check(counts["scale"] == 0, f"with precision={precision!r} an enabled GradScaler scaled the loss",
-                          "only fp16 needs a scaler: enable the GradScaler exactly for float16")
-        with gpu_session("T4") as sim:
-            history = _fitted(fit, CostlyModel(64, 10, ms_per_call=1.0), train, val, epochs=1, device=sim.device,
-                              precision="auto")
-            capability = tuple(torch.cuda.get_device_capability(sim.device))
-            name = torch.cuda.get_device_name(sim.device)
-            used = {r.dtype for r in sim.autocast_regions if r.enabled}
-            scaled = sum(c.method == "scale" and c.enabled for c in sim.scaler_calls)
-        _complete(history, 1, f"on a {name}")
-        want = torch.bfloat16 if capability >= (8, 0) else torch.float16
-        check(used == {want}, f"on a {name} (capability {capability}) precision='auto' ran autocast in "
-              f"{sorted(map(str, used))}, not {want}", "the rule of 04-amp: bf16 only from compute capability 8.0 "
-              "(torch.cuda.is_bf16_supported() says True on a T4, where bf16 is only emulated)")
-        check((scaled > 0) == (want == torch.float16), f"on a {name} with {want} the GradScaler was "
-              f"{'enabled' if scaled else 'not enabled'}", "enable the GradScaler exactly for float16")
-        try:
-            fit(_Spy(_mlp(8)), train, val, epochs=1, device="cpu", precision="fp8")
-        except ValueError as error:
-            check("fp8" in str(error), f"the ValueError of fit(precision='fp8') does not name the value: "
-                  f"{str(error)[:200]!r}", "name the precision you were given: f'precision={precision!r}: ...'")
-        except Exception as error:  # noqa: BLE001 - the learner's bug, in one line
-            check(False, f"fit(precision='fp8') raised {type(error).__name__}, not ValueError",
-                  "raise ValueError for a precision other than 'auto', 'fp32', 'fp16' or 'bf16'")
-        else:
-            check(False, "fit(precision='fp8') did not raise",
-                  "raise ValueError for a precision other than 'auto', 'fp32', 'fp16' or 'bf16'")
-    passed("fit trains under autocast in the precision asked for (bf16 on a CPU for 'auto', fp16 on a T4), with an "
-           "enabled GradScaler exactly for fp16, and refuses an unknown precision")
 
 
 def check_fit_compile(fit: Callable[..., Any]) -> None:

@@ -5,8 +5,8 @@ takes a known time, so that they can tell compile time from steady-state time in
 compile's ten, and on a simulated GPU (`course.simgpu`) where only a GPU would show the mistake. Expectations come
 from first principles (a model that sleeps a known time, offsets the check itself adds to the compiled outputs),
 never from a reference implementation. Grading runs more cases (other GPUs, other inputs). The checks of `fit` live
-in `course.checks._compile_fit` and `course.checks._compile_steps` (its scheduler and clipping) and are re-exported
-here, with `optimizer_steps`, the recorder of optimizer steps that the hidden tests use too.
+in `course.checks._compile_fit` and `course.checks._compile_steps` (its precision, scheduler and clipping) and are
+re-exported here, with `optimizer_steps`, the recorder of optimizer steps that the hidden tests use too.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.benchmark import Timer
 
 from course.checks import check, expect_close, expect_type, passed
-from course.checks._compile_fit import check_fit, check_fit_compile, check_fit_precision, noted_warnings
-from course.checks._compile_steps import check_fit_clipping, check_fit_scheduler, optimizer_steps
+from course.checks._compile_fit import check_fit, check_fit_compile, noted_warnings
+from course.checks._compile_steps import check_fit_clipping, check_fit_precision, check_fit_scheduler, optimizer_steps
 from course.compile import stand_in_compile
 from course.simgpu import CostlyModel, gpu_session
 
