@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import platform
 import shutil
@@ -21,7 +22,7 @@ from typing import Any
 
 __all__ = [
     "record_sheet", "show", "save", "format_sheet", "under_autograder", "on_colab", "in_kernel", "widgets_can_render",
-    "nvidia_smi", "parse_nvidia_smi", "precision_settings",
+    "nvidia_smi", "parse_nvidia_smi", "precision_settings", "quiet_cuda_home_notice",
 ]
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
@@ -38,6 +39,33 @@ def under_autograder() -> bool:
     Notebooks shrink heavy lesson work then; they never skip what a test checks.
     """
     return bool(os.environ.get("NBGRADER_EXECUTION"))
+
+
+# torch.utils.cpp_extension logs this at import (a log record, not a Python warning) on a machine with a CUDA
+# toolkit but no usable GPU: "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'".
+_CUDA_HOME_NOTICE = "No CUDA runtime is found"
+_CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+
+
+class _WithoutCudaHomeNotice(logging.Filter):
+    """Drops the one record of torch.utils.cpp_extension that says no CUDA runtime was found; passes all others."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(_CUDA_HOME_NOTICE))
+
+
+def quiet_cuda_home_notice() -> None:
+    """Keep torch's "No CUDA runtime is found, using CUDA_HOME=..." line out of a notebook on a CPU-only machine.
+
+    `torch.utils.cpp_extension` (imported by `torch.utils.benchmark` and by the compiler) logs it as a warning-level
+    record when the machine has a CUDA toolkit but torch sees no GPU; a notebook shows it in red although nothing is
+    wrong. This drops that one record of that one logger; every other message, of that logger and of the rest of
+    torch, still shows. Call it before that module is imported; calling it again changes nothing.
+    Introduced in 06-compile.
+    """
+    logger = logging.getLogger(_CPP_EXTENSION_LOGGER)
+    if not any(isinstance(f, _WithoutCudaHomeNotice) for f in logger.filters):
+        logger.addFilter(_WithoutCudaHomeNotice())
 
 
 def on_colab() -> bool:

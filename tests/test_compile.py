@@ -17,15 +17,18 @@ import pytest
 import torch
 from torch import nn
 
+import course.env
 from course import observe
+from course.checks.compile import optimizer_steps
 from course.compile import PT2_ANNOUNCEMENT, ElementwiseChain, GraphRecorder, elementwise_chain, stand_in_compile
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
+from tests.harness import missed_without_visible_checks, without_hidden_tests, without_visible_checks
 from tests.mutations import solution_cell
 
 ASSIGNMENT = "06-compile"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "compile.ipynb"
 GRADED = {"compile_report": ["test_compile_report"], "safe_compile": ["test_safe_compile"],
-          "fit": ["test_fit", "test_fit_precision", "test_fit_compile"]}
+          "fit": ["test_fit", "test_fit_precision", "test_fit_compile", "test_fit_scheduler", "test_fit_clipping"]}
 
 
 def _solution() -> SimpleNamespace:
@@ -215,6 +218,42 @@ def test_graph_recorder_shows_a_recompilation_with_a_symbolic_size():
     torch._dynamo.reset()
 
 
+# ---------------------------------------------------------------- the checks' own tools
+def test_optimizer_steps_records_each_steps_rate_and_the_gradient_norms_before_and_after_clipping():
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+    with optimizer_steps(model) as steps:
+        for _ in range(2):
+            optimizer.zero_grad()
+            (100 * model(torch.ones(4, 3)).sum()).backward()
+            raw = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+    optimizer.step()  # after the block: no longer recorded
+    assert [s["lr"] for s in steps] == pytest.approx([0.5, 0.05])
+    assert all(s["optimizer"] is optimizer for s in steps)
+    assert steps[-1]["raw"] == pytest.approx(raw) and raw > 10
+    assert [s["found"] for s in steps] == pytest.approx([1.0, 1.0], rel=1e-5)
+    assert len(steps) == 2
+
+
+def test_quiet_cuda_home_notice_drops_that_one_record_only(caplog):
+    """torch.utils.cpp_extension's "No CUDA runtime is found" is a log record (logger.warning in _find_cuda_home),
+    not a Python warning; the filter drops it and nothing else, however often it is installed."""
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    course.env.quiet_cuda_home_notice()
+    course.env.quiet_cuda_home_notice()
+    assert sum(type(f).__name__ == "_WithoutCudaHomeNotice" for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="torch.utils.cpp_extension"):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local/cuda")
+        logger.warning("Error checking compiler version for %s", "c++")
+    assert [r.getMessage() for r in caplog.records] == ["Error checking compiler version for c++"]
+
+
 # ---------------------------------------------------------------- the notebook
 @pytest.fixture(scope="module")
 def nb():
@@ -233,8 +272,25 @@ def test_cell_layout_and_graded_cells(nb):
         assert ids[at + 1:at + 1 + len(tests)] == tests
         for cell in nb.cells[at + 1:at + 1 + len(tests)]:
             assert cell.source.startswith('"""Check '), f"{grade_id(cell)}: start with a one-line docstring"
-            assert "### BEGIN HIDDEN TESTS" in cell.source and "__check_" in cell.source
+            assert "### BEGIN HIDDEN TESTS" in cell.source and without_visible_checks(cell.source) != cell.source
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
+
+
+def test_released_test_cells_are_one_short_check_call(nb):
+    """Issue #25: the visible part of every test cell is at most 5 lines: docstring, imports and one check call."""
+    for tests in GRADED.values():
+        for cell in (c for c in nb.cells if grade_id(c) in tests):
+            visible = [line for line in without_hidden_tests(cell.source).splitlines()
+                       if line.strip() and not line.strip().startswith("#")]
+            assert len(visible) <= 5, (grade_id(cell), visible)
+            assert re.fullmatch(r"    check_\w+\(\w+\)", visible[-1]), (grade_id(cell), visible[-1])
+
+
+def test_the_judges_alone_catch_every_mistake():
+    """The visible check runs in the learner's kernel, where their code can make it pass (#21): with every visible
+    check switched off, each wrong variant of the catalogue must still fail, on its judge alone."""
+    missed = missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "compile.py")
+    assert not missed, f"caught by the visible checks only: {missed}"
 
 
 _JUDGE = re.compile(r"### BEGIN JUDGE\n(.*?)### END JUDGE\n", re.S)
@@ -247,7 +303,7 @@ def _judged_cells(nb) -> list[tuple[str, str, str]]:
     for cell in nb.cells:
         if cell.cell_type == "code" and nbgrader_meta(cell).get("grade"):
             judge = "".join(part for part in _JUDGE.findall(cell.source) if "def __judge_" in part)
-            probe = _JUDGE.sub("", cell.source).split("\nfrom course import checks\nwith checks.graded(")[0]
+            probe = _JUDGE.sub("", cell.source).split("\nfrom course import checks\n")[0]
             found += [(name, probe, judge) for name in re.findall(r'checks\.judged\("(\w+)"\)', cell.source)]
     return found
 

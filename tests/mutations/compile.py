@@ -36,6 +36,12 @@ _AUTO = ('        native_bf16 = device.type == "cpu" or (\n'
 _TRAIN_COPIES = ("            inputs = inputs.to(device, non_blocking=True)\n"
                  "            targets = targets.to(device, non_blocking=True)\n            optimizer")
 
+_UNSCALE = ("                scaler.unscale_(optimizer)  # the true gradients, not the scaled ones (a no-op when "
+            "disabled)\n")
+_CLIP = "                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)\n"
+_SCHEDULE = "            if schedule is not None:\n                schedule.step()  # once per optimizer step\n"
+_STEP = "            scaler.step(optimizer)  #"
+
 VARIANTS = [
     # ---------------------------------------------------------------- compile_report
     Variant("compile_report", "times_torch_compile_call", True, _report((_FIRST_CALL, """\
@@ -244,8 +250,10 @@ def safe_compile(model, example_input, **compile_kwargs):
         ("enabled=dtype == torch.float16)  # loss scaling for fp16 only", "enabled=True)")),
         "a GradScaler enabled for bf16 and fp32 too"),
     Variant("fit", "no_scaler", True, _fit(
-        ("scaler.scale(loss).backward()\n            scaler.step(optimizer)\n            scaler.update()",
-         "loss.backward()\n            optimizer.step()")),
+        ("            scaler.scale(loss).backward()\n", "            loss.backward()\n"),
+        ("                scaler.unscale_(optimizer)  #", "                pass  #"),
+        ("            scaler.step(optimizer)  # skips the step if fp16 gradients overflowed (inf or NaN)\n"
+         "            scaler.update()\n", "            optimizer.step()\n")),
         "fp16 without a GradScaler: small gradients underflow to zero"),
     Variant("fit", "auto_means_fp32", True, _fit(
         ("        dtype = torch.bfloat16 if native_bf16 else torch.float16", "        dtype = torch.float32")),
@@ -263,7 +271,8 @@ def safe_compile(model, example_input, **compile_kwargs):
         "keeps only the last epoch's figures"),
     Variant("fit", "batches_per_second", True, _fit(("seen / elapsed", "len(train_loader) / elapsed")),
             "counts batches, not samples"),
-    Variant("fit", "no_optimizer_step", True, _fit(("            scaler.step(optimizer)\n", "")),
+    Variant("fit", "no_optimizer_step", True, _fit((
+        "            scaler.step(optimizer)  # skips the step if fp16 gradients overflowed (inf or NaN)\n", "")),
             "backward without a step: nothing learns"),
     Variant("fit", "no_eval_mode", True, _fit(("        model.eval()\n", "")),
             "validates in train mode (dropout and batch norm would misbehave)"),
@@ -325,6 +334,71 @@ def safe_compile(model, example_input, **compile_kwargs):
     Variant("fit", "validates_with_the_eager_model", True, _fit(
         ("correct += (runner(inputs).argmax(dim=1)", "correct += (model(inputs).argmax(dim=1)")),
         "trains the compiled model but validates the eager one: validation never runs the compiled code"),
+    # ---------------------------------------------------------------- fit: the scheduler
+    Variant("fit", "scheduler_per_epoch", True, _fit(
+        (_SCHEDULE, ""),
+        ("        finish_gpu_work()\n        elapsed = time.perf_counter() - epoch_start\n",
+         "        finish_gpu_work()\n        elapsed = time.perf_counter() - epoch_start\n"
+         "        if schedule is not None:\n            schedule.step()  # once per epoch\n")),
+        "steps the scheduler once per epoch although fit documents once per optimizer step"),
+    Variant("fit", "scheduler_before_optimizer_step", True, _fit(
+        (_SCHEDULE, ""),
+        (_STEP, "            if schedule is not None:\n                schedule.step()\n" + _STEP)),
+        "steps the scheduler before the optimizer: the first rate of the schedule is skipped (PyTorch warns)"),
+    Variant("fit", "scheduler_never_stepped", True, _fit(
+        (_SCHEDULE, "")),
+        "builds the scheduler but never steps it: the learning rate stays at its first value"),
+    Variant("fit", "scheduler_rebuilt_every_epoch", True, _fit(
+        ("    schedule = scheduler(optimizer) if scheduler is not None else None  # built once, for the whole run\n",
+         ""),
+        ("    for epoch in range(epochs):\n        model.train()\n",
+         "    for epoch in range(epochs):\n        model.train()\n"
+         "        schedule = scheduler(optimizer) if scheduler is not None else None\n")),
+        "builds a new scheduler every epoch: the schedule starts again each epoch"),
+    Variant("fit", "scheduler_stepped_in_validation", True, _fit(
+        ("                total += targets.shape[0]\n",
+         "                total += targets.shape[0]\n                if schedule is not None:\n"
+         "                    schedule.step()\n")),
+        "also steps the scheduler for each validation batch: the schedule runs ahead of the optimizer steps"),
+    Variant("fit", "scheduler_skipped_with_the_step", False, _fit(
+        (_STEP, "            scale = scaler.get_scale()\n" + _STEP),
+        ("            if schedule is not None:\n",
+         "            if schedule is not None and scaler.get_scale() >= scale:  # this step was not skipped\n")),
+        "does not step the scheduler when the GradScaler skipped the optimizer step (the scale fell): also correct"),
+
+    # ---------------------------------------------------------------- fit: gradient clipping
+    Variant("fit", "clip_scaled_gradients", True, _fit(
+        (_UNSCALE, "")),
+        "clips without scaler.unscale_: with fp16 the limit applies to the scaled gradients, so it is divided by the "
+        "loss scale"),
+    Variant("fit", "unscale_after_clipping", True, _fit(
+        (_UNSCALE + _CLIP, _CLIP + "                scaler.unscale_(optimizer)\n")),
+        "unscale_ after clipping: the scaled gradients were clipped"),
+    Variant("fit", "clip_after_the_step", True, _fit(
+        ("            if clip_grad_norm is not None:\n" + _UNSCALE + _CLIP, ""),
+        ("            scaler.update()\n",
+         "            scaler.update()\n            if clip_grad_norm is not None:\n"
+         "                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)\n")),
+        "clips after the optimizer step: the step used the unclipped gradients"),
+    Variant("fit", "clip_by_value", True, _fit(
+        ("torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)",
+         "torch.nn.utils.clip_grad_value_(model.parameters(), clip_grad_norm)")),
+        "clips each gradient element to the limit instead of the total norm"),
+    Variant("fit", "clip_each_parameter", True, _fit(
+        ("                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)\n",
+         "                for p in model.parameters():\n"
+         "                    torch.nn.utils.clip_grad_norm_([p], clip_grad_norm)\n")),
+        "clips the norm of each parameter's gradient on its own: the total norm stays above the limit"),
+    Variant("fit", "clip_ignored", True, _fit(
+        ("            if clip_grad_norm is not None:\n", "            if False:\n")), "clip_grad_norm does nothing"),
+    Variant("fit", "clip_unscale_only_for_fp16", False, _fit(
+        ("                scaler.unscale_(optimizer)  #",
+         "                if scaler.is_enabled():\n                    scaler.unscale_(optimizer)  #")),
+        "unscale_ only when the scaler is enabled (a disabled scaler's unscale_ does nothing anyway): correct"),
+    Variant("fit", "clip_compiled_parameters_foreach", False, _fit(
+        ("torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)",
+         "torch.nn.utils.clip_grad_norm_(runner.parameters(), max_norm=clip_grad_norm, foreach=True)")),
+        "the parameters of the compiled wrapper (the same tensors) and the foreach implementation: correct"),
     Variant("fit", "loss_running_mean", False, _fit(
         ("            loss_sum += loss.detach().float() * targets.shape[0]\n            seen += targets.shape[0]\n",
          "            seen += targets.shape[0]\n"
@@ -348,7 +422,8 @@ def safe_compile(model, example_input, **compile_kwargs):
         "autocast(dtype=float32) on a CPU warns 'Disabling autocast' and trains fp32: correct, and the warning must "
         "not cost points"),
     Variant("fit", "own_step_function", False, '''
-def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", compile=False):
+def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", compile=False, scheduler=None,
+        clip_grad_norm=None):
     device = torch.device(device)
     if precision == "auto":
         big = device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 8
@@ -358,6 +433,7 @@ def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", co
     dtype = PRECISIONS[precision]
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    lr_schedule = None if scheduler is None else scheduler(optimizer)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     on_gpu = device.type == "cuda"
     net = model
@@ -371,8 +447,16 @@ def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", co
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not torch.float32):
             loss = nn.functional.cross_entropy(net(inputs), targets)
         scaler.scale(loss).backward()
+        if clip_grad_norm:
+            if scaler.is_enabled():
+                scaler.unscale_(optimizer)
+            params = [p for p in model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            torch.nn.utils.clip_grads_with_norm_(params, clip_grad_norm, norm)
         scaler.step(optimizer)
         scaler.update()
+        if lr_schedule:
+            lr_schedule.step()
         return loss.detach() * len(targets)
 
     out = {"train_loss": [], "val_accuracy": [], "samples_per_s": []}
@@ -398,5 +482,6 @@ def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", co
                 seen += len(targets)
         out["val_accuracy"].append(hits * 100 / seen)
     return out
-''', "a step function of its own, device properties, inference_mode for validation: all fine"),
+''', "a step function of its own, device properties, inference_mode for validation, the clip as get_total_norm and "
+   "clip_grads_with_norm_, unscale_ only when the scaler is enabled: all fine"),
 ]

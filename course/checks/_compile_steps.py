@@ -1,0 +1,233 @@
+"""The visible checks of fit's training-step options, `precision`, `scheduler` and `clip_grad_norm` (re-exported by
+course.checks.compile): a spy on the autocast dtype of each forward and on the GradScaler's calls, and hooks on every
+optimizer step that record the learning rate it steps with and the norm of the gradients it finds, next to the norm
+that backward produced, so that a precision, a schedule and a clip can be checked from first principles.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.amp import GradScaler
+from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from course.checks import check, expect_type, passed
+from course.checks._compile_fit import _CPU, _complete, _fitted, _mlp, _small, noted_warnings
+from course.simgpu import CostlyModel, gpu_session
+
+__all__ = ["check_fit_precision", "check_fit_scheduler", "check_fit_clipping", "optimizer_steps"]
+
+_LR = 3e-3  # the AdamW learning rate of fit's lesson
+
+
+@contextlib.contextmanager
+def optimizer_steps(model: nn.Module | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Every optimizer step taken inside the block, in order: {"optimizer", "lr"} and, for `model`, "raw" (the
+    2-norm over all its parameters of the gradients the last backward produced) and "found" (the norm of the
+    gradients the optimizer steps with, after any clipping or unscaling)."""
+    steps: list[dict[str, Any]] = []
+    raw: dict[int, float] = {}
+    params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
+
+    def accumulated(p: torch.Tensor) -> None:
+        raw[id(p)] = float(p.grad.detach().double().pow(2).sum())
+
+    def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        step = {"optimizer": optimizer, "lr": float(optimizer.param_groups[0]["lr"])}
+        if params:
+            grads = [p.grad.detach().double() for p in params if p.grad is not None]
+            step["raw"] = math.sqrt(sum(raw.values()))
+            step["found"] = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+        raw.clear()
+        steps.append(step)
+
+    handles = [p.register_post_accumulate_grad_hook(accumulated) for p in params]
+    handles.append(register_optimizer_step_pre_hook(before_step))
+    try:
+        yield steps
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _Spy(nn.Module):
+    """Records the autocast dtype of every training forward (float32 when autocast is off)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.seen = inner, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            kind = "cuda" if torch.is_autocast_enabled("cuda") else "cpu"  # CUDA autocast, as on a GPU
+            on = torch.is_autocast_enabled(kind)
+            self.seen.append(torch.get_autocast_dtype(kind) if on else torch.float32)
+        return self.inner(x)
+
+
+@contextlib.contextmanager
+def _scaler_spy() -> Iterator[dict[str, int]]:
+    """Counts the calls of an enabled GradScaler's scale, step and update inside the block."""
+    counts = {"scale": 0, "step": 0, "update": 0}
+    originals = {name: GradScaler.__dict__[name] for name in counts}
+
+    def spy_on(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def method(self: GradScaler, *args: Any, **kwargs: Any) -> Any:
+            if self.is_enabled():
+                counts[name] += 1
+            return original(self, *args, **kwargs)
+        return method
+
+    try:
+        for name in counts:
+            setattr(GradScaler, name, spy_on(name))
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(GradScaler, name, original)
+
+
+def check_fit_precision(fit: Callable[..., Any]) -> None:
+    """fit's precision on the CPU (the autocast dtype of each training forward, the GradScaler's calls), "auto" on a
+    (simulated) T4, and an unknown precision."""
+    __tracebackhide__ = True
+    with noted_warnings("fit"):
+        train, val = _small()
+        steps = len(train)
+        with _scaler_spy() as counts:
+            for precision, dtype in (("auto", torch.bfloat16), ("bf16", torch.bfloat16), ("fp32", torch.float32),
+                                     ("fp16", torch.float16)):
+                counts.update(scale=0, step=0, update=0)
+                torch.manual_seed(0)
+                spy = _Spy(_mlp())
+                history = _fitted(fit, spy, train, val, epochs=1, device=_CPU, precision=precision)
+                check(isinstance(history, dict) and len(history.get("train_loss", [])) == 1,
+                      f"fit(precision={precision!r}) returned an incomplete history", "return the history dict")
+                used = sorted(map(str, set(spy.seen)))
+                rule = " (this device's AMP dtype from 04-amp: bf16 on a CPU)" if precision == "auto" else ""
+                how = "with autocast disabled (enabled=False)" if dtype == torch.float32 else "under torch.autocast"
+                check(set(spy.seen) == {dtype}, f"with precision={precision!r} on a CPU the training forward ran in "
+                      f"{used}, not {dtype}{rule}", f"run forward and loss {how}(device.type, dtype=...) with {dtype}")
+                if dtype == torch.float16:
+                    check(min(counts.values()) >= steps, f"with fp16 an enabled GradScaler was used in {counts} of "
+                          f"{steps} steps", "fp16 needs an enabled GradScaler: backward on scaler.scale(loss), then "
+                          "scaler.step(optimizer) and scaler.update() every step")
+                else:
+                    check(counts["scale"] == 0, f"with precision={precision!r} an enabled GradScaler scaled the loss",
+                          "only fp16 needs a scaler: enable the GradScaler exactly for float16")
+        with gpu_session("T4") as sim:
+            history = _fitted(fit, CostlyModel(64, 10, ms_per_call=1.0), train, val, epochs=1, device=sim.device,
+                              precision="auto")
+            capability = tuple(torch.cuda.get_device_capability(sim.device))
+            name = torch.cuda.get_device_name(sim.device)
+            used = {r.dtype for r in sim.autocast_regions if r.enabled}
+            scaled = sum(c.method == "scale" and c.enabled for c in sim.scaler_calls)
+        _complete(history, 1, f"on a {name}")
+        want = torch.bfloat16 if capability >= (8, 0) else torch.float16
+        check(used == {want}, f"on a {name} (capability {capability}) precision='auto' ran autocast in "
+              f"{sorted(map(str, used))}, not {want}", "the rule of 04-amp: bf16 only from compute capability 8.0 "
+              "(torch.cuda.is_bf16_supported() says True on a T4, where bf16 is only emulated)")
+        check((scaled > 0) == (want == torch.float16), f"on a {name} with {want} the GradScaler was "
+              f"{'enabled' if scaled else 'not enabled'}", "enable the GradScaler exactly for float16")
+        try:
+            fit(_Spy(_mlp(8)), train, val, epochs=1, device="cpu", precision="fp8")
+        except ValueError as error:
+            check("fp8" in str(error), f"the ValueError of fit(precision='fp8') does not name the value: "
+                  f"{str(error)[:200]!r}", "name the precision you were given: f'precision={precision!r}: ...'")
+        except Exception as error:  # noqa: BLE001 - the learner's bug, in one line
+            check(False, f"fit(precision='fp8') raised {type(error).__name__}, not ValueError",
+                  "raise ValueError for a precision other than 'auto', 'fp32', 'fp16' or 'bf16'")
+        else:
+            check(False, "fit(precision='fp8') did not raise",
+                  "raise ValueError for a precision other than 'auto', 'fp32', 'fp16' or 'bf16'")
+    passed("fit trains under autocast in the precision asked for (bf16 on a CPU for 'auto', fp16 on a T4), with an "
+           "enabled GradScaler exactly for fp16, and refuses an unknown precision")
+
+
+def _rates(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.3g}" for v in values[:12]) + (", ..." if len(values) > 12 else "") + "]"
+
+
+def check_fit_scheduler(fit: Callable[..., Any]) -> None:
+    """fit(scheduler=...) with a schedule that multiplies the learning rate by a known factor at each of its steps:
+    built once from fit's optimizer, stepped once after every optimizer step."""
+    __tracebackhide__ = True
+    with noted_warnings("fit"):
+        epochs, (train, val) = 3, _small(32, 96)  # 3 optimizer steps per epoch
+        total, decay, made = epochs * len(train), random.uniform(0.5, 0.8), []
+
+        def scheduler(optimizer: torch.optim.Optimizer) -> LambdaLR:
+            made.append(LambdaLR(optimizer, lambda k: decay ** k))
+            return made[-1]
+
+        torch.manual_seed(0)
+        with optimizer_steps() as steps:
+            history = _fitted(fit, _mlp(), train, val, epochs=epochs, device="cpu", precision="fp32",
+                              scheduler=scheduler)
+        _complete(history, epochs, "with a scheduler")
+        check(len(made) == 1, f"fit called the scheduler function {len(made)} times in {epochs} epochs",
+              "build the scheduler once, before the first epoch: scheduler(optimizer)")
+        expect_type(made[0].optimizer, torch.optim.AdamW, "the optimizer fit gave the scheduler function",
+                    "pass fit's own AdamW optimizer to scheduler(...)")
+        rates = [s["lr"] for s in steps if s["optimizer"] is made[0].optimizer]
+        check(len(rates) == total, f"the optimizer stepped {len(rates)} times in {epochs} epochs of {len(train)} "
+              "batches", "one optimizer step per training batch")
+        expected = [_LR * decay ** k for k in range(total)]
+        check(all(math.isclose(a, e, rel_tol=1e-6) for a, e in zip(rates, expected, strict=True)),
+              f"with a schedule that multiplies the learning rate by {decay:.2f} at each of its steps, the "
+              f"{total} optimizer steps used the rates {_rates(rates)}; expected {_rates(expected)}",
+              "step the scheduler once after every optimizer step (after scaler.step and scaler.update): not once "
+              "per epoch, and not before the optimizer step")
+        check(made[0].last_epoch == total, f"the scheduler was stepped {made[0].last_epoch} times for {total} "
+              "optimizer steps", "step it once after every optimizer step, and nowhere else (not in validation)")
+    passed(f"fit builds the scheduler once and steps it after each of its {total} optimizer steps")
+
+
+def check_fit_clipping(fit: Callable[..., Any]) -> None:
+    """fit(clip_grad_norm=...) in fp32 with a limit among the gradients' norms (a step above it is clipped to it,
+    one below it untouched), then in fp16, whose GradScaler makes backward produce scaled gradients: the limit is on
+    the unscaled ones."""
+    __tracebackhide__ = True
+    with noted_warnings("fit"):
+        train, val = _small()
+        limit = random.uniform(0.2, 0.3)
+        torch.manual_seed(0)
+        model = _mlp()
+        with optimizer_steps(model) as steps:
+            _complete(_fitted(fit, model, train, val, epochs=2, device="cpu", precision="fp32",
+                              clip_grad_norm=limit), 2, "with clip_grad_norm")
+        check(len(steps) == 2 * len(train), f"the optimizer stepped {len(steps)} times for {2 * len(train)} training "
+              "batches", "one optimizer step per training batch")
+        for step in steps:
+            want = min(step["raw"], limit)
+            check(math.isclose(step["found"], want, rel_tol=1e-3, abs_tol=1e-9),
+                  f"with clip_grad_norm={limit:.3f} an optimizer step found gradients of norm {step['found']:.4g}; "
+                  f"backward had produced {step['raw']:.4g}, so {want:.4g} was expected",
+                  "clip the total 2-norm of all the parameters' gradients after backward and before the optimizer "
+                  "step (torch.nn.utils.clip_grad_norm_), and only when clip_grad_norm is given")
+
+        limit = random.uniform(0.005, 0.02)  # far below the norm of these gradients: every step is clipped
+        torch.manual_seed(0)
+        model = _mlp()
+        with optimizer_steps(model) as steps:
+            _complete(_fitted(fit, model, train, val, epochs=2, device="cpu", precision="fp16",
+                              clip_grad_norm=limit), 2, "with fp16 and clip_grad_norm")
+        check(len(steps) >= 1, "with fp16 no optimizer step was taken in 2 epochs",
+              "step through the GradScaler: scaler.step(optimizer), then scaler.update()")
+        for step in steps:
+            scaled = step["found"] < limit / 100
+            check(math.isclose(step["found"], limit, rel_tol=1e-2),
+                  f"with fp16 and clip_grad_norm={limit:.4f} an optimizer step found (unscaled) gradients of norm "
+                  f"{step['found']:.3g}" + (": the clip was applied to the scaled gradients, so the loss scale "
+                                            "divided it" if scaled else ""),
+                  "with a GradScaler, call scaler.unscale_(optimizer) before clipping, then scaler.step(optimizer) "
+                  "(PyTorch's AMP examples, 'Working with unscaled gradients')")
+    passed("fit clips the total norm of the unscaled gradients to clip_grad_norm, in fp32 and with a GradScaler")
