@@ -22,7 +22,7 @@ from course import observe
 from course.checks.compile import optimizer_steps
 from course.compile import PT2_ANNOUNCEMENT, ElementwiseChain, GraphRecorder, elementwise_chain, stand_in_compile
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
-from tests.harness import missed_without_visible_checks, without_hidden_tests, without_visible_checks
+from tests.harness import without_visible_checks
 from tests.mutations import solution_cell
 
 ASSIGNMENT = "06-compile"
@@ -274,23 +274,6 @@ def test_cell_layout_and_graded_cells(nb):
             assert cell.source.startswith('"""Check '), f"{grade_id(cell)}: start with a one-line docstring"
             assert "### BEGIN HIDDEN TESTS" in cell.source and without_visible_checks(cell.source) != cell.source
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
-
-
-def test_released_test_cells_are_one_short_check_call(nb):
-    """Issue #25: the visible part of every test cell is at most 5 lines: docstring, imports and one check call."""
-    for tests in GRADED.values():
-        for cell in (c for c in nb.cells if grade_id(c) in tests):
-            visible = [line for line in without_hidden_tests(cell.source).splitlines()
-                       if line.strip() and not line.strip().startswith("#")]
-            assert len(visible) <= 5, (grade_id(cell), visible)
-            assert re.fullmatch(r"    check_\w+\(\w+\)", visible[-1]), (grade_id(cell), visible[-1])
-
-
-def test_the_judges_alone_catch_every_mistake():
-    """The visible check runs in the learner's kernel, where their code can make it pass (#21): with every visible
-    check switched off, each wrong variant of the catalogue must still fail, on its judge alone."""
-    missed = missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "compile.py")
-    assert not missed, f"caught by the visible checks only: {missed}"
 
 
 _JUDGE = re.compile(r"### BEGIN JUDGE\n(.*?)### END JUDGE\n", re.S)

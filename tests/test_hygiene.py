@@ -144,6 +144,11 @@ def _uses() -> dict[str, dict[str, set[str]]]:
                 if isinstance(inner, ast.Name) and inner.id in aliases:
                     module = ".".join([aliases[inner.id], *reversed(chain[1:])])
                     found.setdefault(module, set()).add(chain[0])
+        for module in [m for m in found if m.startswith("course.checks.")]:  # a notebook's checks use them for it
+            tree = ast.parse(Path(importlib.import_module(module).__file__).read_text())
+            found.setdefault("course.checks", set()).update(
+                a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "course.checks"
+                for a in n.names)
     return out
 
 
@@ -172,3 +177,85 @@ def test_back_links_name_the_first_notebook_that_uses_each_helper(module: str, n
     where = "its docstring" if own else f"the docstring of {module}"
     assert said == [uses[0]], (f"{module}.{name}: {where} should say 'Introduced in {uses[0]}' (the first notebook "
                                f"that uses it), not {said or 'nothing'}")
+
+
+DETAILS = re.compile(r"<details>(.*?)</details>", re.S)
+CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _answer_lines(source: str) -> list[str]:
+    """The lines a learner writes: the solution region of a cell, without comments, docstrings and short lines."""
+    match = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S)
+    body = match.group(1) if match else source
+    lines = [_squash(line.split("  #")[0]) for line in body.splitlines()]
+    skip = ("#", '"""', "raise NotImplementedError")
+    return [line for line in lines if len(line) >= 12 and not line.startswith(skip)]
+
+
+def _hint_fragments(hint: str) -> list[str]:
+    return [_squash(line) for block, span in CODE.findall(hint) for line in (block.splitlines() if block else [span])]
+
+
+def _gives_away(fragment: str, line: str) -> bool:
+    """A hint's code that holds a whole answer line, or is most of one with its arguments, hands the learner that line.
+    Naming an API (`torch.cuda.is_available()`, `Module.eval`, `torch.autocast`) is what a hint is for."""
+    with_arguments = re.search(r"\(\s*[^)\s]|\s=\s", fragment)
+    return len(fragment) >= 8 and (line in fragment or (
+        fragment in line and len(fragment) >= 0.6 * len(line) and bool(with_arguments)))
+
+
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_hints_name_the_idea_not_the_answer(assignment: str):
+    """One or two collapsible hints before each graded solution cell, the first with a link to read; no code in its
+    hints is a line of the answer (issue #25: hints that teach, not exercises in copying)."""
+    problems, seen = [], 0
+    for path in sorted((nbtools.SOLUTIONS / assignment).glob("*.ipynb")):
+        nb = nbtools.read(path)
+        graded = set(harness.graded_functions(nb))
+        seen += len(graded)
+        hints: list[str] = []
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                hints += DETAILS.findall(cell.source)
+                continue
+            name = nbtools.grade_id(cell)
+            if name not in graded:
+                continue
+            if not hints:
+                problems.append(f"{name}: no hint (one or two: the idea and its docs, then a narrower one)")
+            if len(hints) > 2:
+                problems.append(f"{name}: {len(hints)} hints (at most two: the idea and its docs, then a narrower one)")
+            if hints and not re.search(r"https?://", hints[0]):
+                problems.append(f"{name}: its first hint links to no documentation to read")
+            answer = _answer_lines(cell.source)
+            problems += sorted({f"{name}: a hint shows `{fragment}`, the answer's line `{line}`"
+                                for hint in hints for fragment in _hint_fragments(hint)
+                                for line in answer if _gives_away(fragment, line)})
+            hints = []
+    assert seen, f"solutions/{assignment} has no graded function"
+    assert not problems, f"{assignment}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_released_test_cells_are_one_check_call(assignment: str):
+    """Issue #25: a learner reads each test cell. In the released exercise it shows at most 5 lines (blank lines and
+    comments aside), and calls its check from the notebook's own module, course.checks.<notebook>."""
+    problems, cells = [], 0
+    for path in sorted((nbtools.EXERCISES / assignment).glob("*.ipynb")):
+        for cell in nbtools.read(path).cells:
+            meta = nbtools.nbgrader_meta(cell)
+            if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+                continue
+            cells += 1
+            lines = [line for line in cell.source.splitlines() if line.strip() and not line.strip().startswith("#")]
+            name = nbtools.grade_id(cell)
+            if len(lines) > 5:
+                problems.append(f"{name}: {len(lines)} lines (move the check code into course/checks/{path.stem}.py)")
+            if not re.search(rf"^from course\.checks\.{path.stem} import check_\w+", cell.source, re.M):
+                problems.append(f"{name}: does not import its check from course.checks.{path.stem}")
+    assert cells, f"exercises/{assignment} has no test cell"
+    assert not problems, f"{assignment}:\n  " + "\n  ".join(problems)

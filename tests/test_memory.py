@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ from torch import nn
 from course.memory import MiB, byte_table, peak_plot
 from course.simgpu import simulated_cuda
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
-from tests.harness import missed_without_visible_checks, without_hidden_tests
+from tests.harness import without_hidden_tests
 from tests.mutations import solution_cell
 
 ASSIGNMENT = "07-memory"
@@ -217,13 +215,6 @@ def test_lesson_6_each_cure_lowers_the_peak(lessons):
     assert step_peak(64, set_to_none=False)[1] > between
 
 
-def test_the_judges_alone_catch_every_mistake():
-    """The visible check runs in the learner's kernel, where their code can make it pass (#21): with every visible
-    check switched off, each wrong variant of the catalogue must still fail, on its judge alone."""
-    missed = missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "memory.py")
-    assert not missed, f"caught by the visible checks only: {missed}"
-
-
 def test_released_test_cells_are_one_check_call(nb):
     """#25: the visible part of every test cell is at most 5 lines, and calls course.checks.memory's check."""
     for function in GRADED:
@@ -232,24 +223,6 @@ def test_released_test_cells_are_one_check_call(nb):
                    if line.strip() and not line.strip().startswith("#")]
         assert len(visible) <= 5, f"test_{function}: {len(visible)} visible lines"
         assert f"    check_{function}({function})" in visible, f"test_{function}: no one-line check call"
-
-
-def test_hints_teach_without_giving_the_answer(nb):
-    """At most two hints per graded function, the first with a link to PyTorch's docs, and no code span in a hint
-    that is (most of) a line of the solution."""
-    cells = nb.cells
-    ids = [grade_id(c) for c in cells]
-    for function in GRADED:
-        text = cells[ids.index(function) - 1].source
-        hints = re.findall(r"<details><summary>Hint</summary>(.*?)</details>", text, re.S)
-        assert 1 <= len(hints) <= 2, f"{function}: {len(hints)} hints"
-        assert "https://docs.pytorch.org/docs/stable/" in hints[0], f"{function}: the first hint links no docs page"
-        lines = [line.strip() for line in solution_cell("07-memory/memory.ipynb", function).splitlines()
-                 if line.strip() and not line.strip().startswith(("#", '"""'))]
-        for span in (s.strip() for hint in hints for s in re.findall(r"`([^`]+)`", hint)):
-            for line in lines:
-                assert not (len(span) >= 12 and span in line and len(span) >= 0.6 * len(line)), \
-                    f"{function}: the hint's `{span}` is most of the solution line {line!r}"
 
 
 def test_setup_cell_hides_only_the_no_cuda_runtime_record(nb):

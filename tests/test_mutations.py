@@ -1,9 +1,14 @@
 """The mutation catalogue: every typical mistake fails its test cells, every correct variant passes.
 
-Each variant runs in-process against the notebook's own test cells, visible and hidden, as written in solutions/.
-A wrong variant runs first against the visible checks alone (the hidden tests stripped, as a self-study learner has
-them): what they catch, the full cells catch too, since the visible check runs first in each. The detection rates,
-with and without the hidden tests, are printed at the end of the pytest run.
+Each variant runs in-process against the notebook's own test cells, as written in solutions/. A correct variant runs
+the whole cells (visible checks and hidden tests) and must pass them with nothing on stderr. A wrong variant runs
+twice, against each half alone:
+- the judges alone (every visible check switched off): they must catch it, since the visible checks run in the
+  learner's kernel, where the learner's code can make them pass (#21);
+- the visible checks alone (the hidden tests stripped, as a self-study learner has them): they must catch at least
+  VISIBLE_SHARE of the module's mistakes (#25).
+The whole cell runs the visible check first, then the judge: what either half catches, the whole cell catches. The
+detection rates are printed at the end of the pytest run.
 """
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from grader import nbtools
-from tests.harness import graded_functions, load_catalogue, run_function_tests, visible_notebook
+from tests.harness import blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
 RESULTS = "mutation-results"  # the user property: [(topic, "function/variant", wrong, caught, caught visibly)]
+VISIBLE_SHARE = 0.8  # of a module's wrong variants, the visible checks alone must catch at least this share
 
 
 def _notebook(topic: str) -> Path:
@@ -35,25 +41,41 @@ def test_catalogue_covers_every_graded_function(catalogue: Path):
             f"{catalogue.name}: {function} has {wrong} wrong and {right} correct variants (need 2 and 1)"
 
 
+def _fails(results) -> bool:
+    assert results, "no test cells named test_<function>*"
+    return not all(r.passed for r in results)
+
+
 @pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda p: p.stem)
 def test_catalogue_variants_are_judged_right(catalogue: Path, record_property):
-    """Wrong variants fail their function's test cells; correct variants pass them with nothing on stderr."""
+    """Wrong variants fail their function's judges alone, and most fail its visible checks alone; correct variants
+    pass the whole test cells with nothing on stderr."""
     notebook = _notebook(catalogue.stem)
-    visible = visible_notebook(notebook)
+    visible, blind = visible_notebook(notebook), blind_notebook(notebook)
     problems, judged = [], []
-    record_property(RESULTS, judged)  # conftest prints the detection rate (also from pytest-xdist's workers)
+    record_property(RESULTS, judged)  # conftest prints the detection rates (also from pytest-xdist's workers)
     for v in load_catalogue(catalogue):
-        seen = v.wrong and not all(r.passed for r in run_function_tests(notebook, v.function, v.source, nb=visible))
-        results = [] if seen else run_function_tests(notebook, v.function, v.source)
-        assert seen or results, f"{notebook}: no test cells named test_{v.function}*"
-        caught = seen or not all(r.passed for r in results)
-        judged.append((catalogue.stem, f"{v.function}/{v.name}", v.wrong, caught, seen))
-        if caught != v.wrong:
-            detail = "; ".join(f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed)
-            verdict = "wrong, not caught" if v.wrong else "correct, failed: " + detail
-            problems.append(f"{v.function}/{v.name} ({verdict})")
-        elif not v.wrong and any(r.stderr for r in results):
-            # nbgrader would zero these cells: a correct answer must not lose points to a warning
-            leaked = "; ".join(f"{r.grade_id}: {r.stderr[:200]}" for r in results if r.stderr)
-            problems.append(f"{v.function}/{v.name} (correct, but its test cells write to stderr: {leaked})")
+        label = f"{v.function}/{v.name}"
+        if not v.wrong:
+            results = run_function_tests(notebook, v.function, v.source)
+            failed = [f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed]
+            leaked = [f"{r.grade_id}: {r.stderr[:200]}" for r in results if r.stderr]
+            if failed:
+                problems.append(f"{label} (correct, failed: {'; '.join(failed)})")
+            elif leaked:  # nbgrader would zero these cells: a correct answer must not lose points to a warning
+                problems.append(f"{label} (correct, but its test cells write to stderr: {'; '.join(leaked)})")
+            judged.append((catalogue.stem, label, False, bool(failed), False))
+            continue
+        caught = _fails(run_function_tests(notebook, v.function, v.source, nb=blind))
+        seen = _fails(run_function_tests(notebook, v.function, v.source, nb=visible))
+        judged.append((catalogue.stem, label, True, caught or seen, seen))
+        if not caught:
+            problems.append(f"{label} (wrong, not caught by the judges alone"
+                            + (": only the visible checks, which the learner's kernel can fool)" if seen else ")"))
+    wrong = [row for row in judged if row[2]]
+    share = sum(row[4] for row in wrong) / max(len(wrong), 1)
+    if share < VISIBLE_SHARE:
+        missed = [row[1] for row in wrong if not row[4]]
+        problems.append(f"the visible checks alone catch {share:.0%} of the mistakes (at least {VISIBLE_SHARE:.0%}: "
+                        f"a self-study learner has only them); they miss {', '.join(missed)}")
     assert not problems, f"{catalogue.name}: " + " | ".join(problems)

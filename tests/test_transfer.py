@@ -15,7 +15,6 @@ from course import transfer
 from course.simgpu import gpu_work, simulated_cuda
 from grader.nbtools import SOLUTIONS
 from tests.harness import load_catalogue, run_function_tests
-from tests.test_device import assert_short_test_cells, judges_apart
 
 ASSIGNMENT = "02-transfer"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "transfer.ipynb"
@@ -142,10 +141,6 @@ def test_graded_cells_define_what_their_grade_id_names():
     assert grade_id(nb.cells[1]) == "colab_setup" and grade_id(nb.cells[2]) == "setup"
 
 
-def test_test_cells_are_short_and_call_the_library():
-    assert_short_test_cells(NOTEBOOK, "transfer")
-
-
 def test_the_warning_variant_really_warns():
     """The catalogue's correct make_loader whose DataLoader warns about pin_memory_device does warn here; tests/
     test_roundtrip.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
@@ -164,16 +159,6 @@ def test_the_warning_variant_really_warns():
         next(iter(ns["make_loader"](TensorDataset(torch.randn(4, 2)), gpu.device, 2, num_workers=0)))
     if not warned:
         pytest.skip("this torch does not warn about pin_memory_device: nothing to prove")
-
-
-@pytest.mark.parametrize("function", GRADED)
-def test_the_judges_alone_pass_the_solution_and_catch_every_mistake(function):
-    """Issue #21: the visible check runs in the learner's kernel and can be tampered with, so the judges, run apart on
-    the probes' observations, must catch every wrong variant alone (issue #22's reused output buffer included)."""
-    assert judges_apart(NOTEBOOK, function) == []
-    variants = [v for v in load_catalogue(CATALOGUE) if v.function == function]
-    verdicts = {v.name: bool(judges_apart(NOTEBOOK, function, v.source)) for v in variants}
-    assert verdicts == {v.name: v.wrong for v in variants}
 
 
 @pytest.mark.gpu
