@@ -136,11 +136,14 @@ def timeline_plot(trace: dict, *, title: str = "", ax: Axes | None = None, max_e
         key = ("GPU" if gpu else "host", e.get("cat") if not gpu else "stream " + str(e.get("tid")))
         rows.setdefault(key, len(rows))
     colours = {"user_annotation": "C0", "cpu_op": "C1", "cuda_runtime": "C3", "kernel": "C2", "gpu_memcpy": "C4"}
+    bars: dict[tuple, list] = {}  # one broken_barh per (row, colour): thousands of events draw in one call each
     for e in events:
         gpu = e.get("cat") in gpu_cats
         key = ("GPU" if gpu else "host", e.get("cat") if not gpu else "stream " + str(e.get("tid")))
-        ax.broken_barh([((e["ts"] - t0) / 1e3, max(e.get("dur", 0) / 1e3, 1e-3))], (rows[key] - 0.4, 0.8),
-                       color=colours.get(e.get("cat"), "0.5"))
+        span = ((e["ts"] - t0) / 1e3, max(e.get("dur", 0) / 1e3, 1e-3))
+        bars.setdefault((rows[key], colours.get(e.get("cat"), "0.5")), []).append(span)
+    for (row, colour), spans in bars.items():
+        ax.broken_barh(spans, (row - 0.4, 0.8), color=colour)
     ax.set_yticks(range(len(rows)), [f"{a}: {b}" for a, b in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms from the first event")
