@@ -63,7 +63,7 @@ def workload(kind: str, device: torch.device | str, *, gpu_speed: float = 1.0) -
     if not gpu_speed > 0:
         raise ValueError(f"gpu_speed={gpu_speed!r} must be positive")
     device = torch.device(device)
-    host_ms, gpu_ms, kernels = {"input-bound": (12.0, 2.0, 1), "sync-bound": (4.0, 6.0, 1),
+    host_ms, gpu_ms, kernels = {"input-bound": (12.0, 2.0, 1), "sync-bound": (3.0, 6.0, 1),
                                 "launch-bound": (0.0, 0.0003, 150), "compute-bound": (0.5, 25.0, 1)}[kind]
     batch = torch.randn(64, 32)
     state: dict[str, Any] = {}
