@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from course import profiling
-from course.simgpu import gpu_session, gpu_work, simulated_cuda
+from course.simgpu import gpu_work, simulated_cuda
 from grader import nbtools
 from tests.harness import graded_functions, missed_without_visible_checks, without_hidden_tests
 
@@ -119,7 +119,7 @@ def _timed(trace: dict) -> list[dict]:
 
 
 def test_the_simulated_trace_has_torch_profilers_format(tmp_path: Path):
-    with simulated_cuda("A100") as sim:
+    with simulated_cuda("A100", replace_real=True) as sim:
         x = torch.randn(256, 64).pin_memory()
         with torch.profiler.record_function("outer"):
             with torch.profiler.record_function("inner"):
@@ -158,13 +158,13 @@ def test_the_simulated_trace_has_torch_profilers_format(tmp_path: Path):
 def test_record_function_is_restored_after_a_session():
     cls = torch.autograd.profiler.record_function
     before = (cls.__enter__, cls.__exit__)
-    with simulated_cuda():
+    with simulated_cuda(replace_real=True):
         assert cls.__enter__ is not before[0]
     assert (cls.__enter__, cls.__exit__) == before
 
 
 def test_a_real_gpu_session_has_no_simulated_trace(monkeypatch):
-    with simulated_cuda() as sim:
+    with simulated_cuda(replace_real=True) as sim:
         pass
     monkeypatch.setattr(sim, "simulated", False)
     with pytest.raises(RuntimeError, match="torch.profiler"):
@@ -178,7 +178,7 @@ def test_one_function_reads_a_real_cpu_trace_and_a_simulated_trace(solution, tmp
     solution["profile_steps"]({"sleep": lambda: gpu_work(3.0, "cpu")}, path, steps=2)
     cpu = breakdown(path)
     assert cpu["kernels"] == 0 and cpu["gpu_ms"] == 0.0 and cpu["regions"]["sleep"] >= 5.5
-    with gpu_session("L4") as sim:
+    with simulated_cuda("L4", replace_real=True) as sim:
         solution["profile_steps"]({"work": lambda: gpu_work(3.0)}, tmp_path / "sim-cpu.json", steps=2)
         torch.cuda.synchronize()
         simulated = breakdown(sim.chrome_trace())
@@ -188,7 +188,7 @@ def test_one_function_reads_a_real_cpu_trace_and_a_simulated_trace(solution, tmp
 
 @pytest.mark.parametrize("preset, speed", [("T4", 1.0), ("A100", 2.0), ("H100", 3.0)])
 def test_each_workload_is_diagnosed_as_its_kind(solution, preset: str, speed: float):
-    with gpu_session(preset) as sim:
+    with simulated_cuda(preset, replace_real=True) as sim:
         for kind in profiling.KINDS:
             regions = profiling.workload(kind, sim.device, gpu_speed=speed)
             sim.clear()
@@ -212,7 +212,7 @@ def test_plots_draw_a_trace_and_a_roofline():
     import matplotlib
 
     matplotlib.use("Agg")
-    with gpu_session() as sim:
+    with simulated_cuda(replace_real=True) as sim:
         for name, fn in profiling.workload("launch-bound", sim.device).items():
             with torch.profiler.record_function(name):
                 fn()
@@ -222,6 +222,17 @@ def test_plots_draw_a_trace_and_a_roofline():
     ax = profiling.roofline_plot(312.0, 2039.0, {"a": (1.0, 2.0)})
     assert ax.get_xscale() == "log" and len(ax.lines) >= 2
     assert profiling.timeline_plot({"traceEvents": []}).get_title() == "an empty trace"
+
+
+@pytest.mark.gpu
+def test_hidden_tests_pass_on_a_real_gpu():
+    """On a GPU machine gpu_session() yields the real device and profile_steps records CUDA too: the solution must
+    pass every test cell there (the simulated parts of the probes are skipped)."""
+    from tests.harness import run_function_tests
+
+    for name in GRADED:
+        results = run_function_tests(NOTEBOOK, name)
+        assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
 
 
 def test_the_judges_alone_catch_every_mistake():

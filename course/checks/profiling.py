@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch import nn
 
 from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
 from course.checks._profiling_traces import GPU_TRACE, GPU_TRACE_FIGURES, breakdown_of, percent_shown
+from course.simgpu import gpu_session, gpu_work
 
 __all__ = ["check_profile_steps", "check_time_breakdown", "check_step_mfu", "check_diagnose"]
 
@@ -66,8 +68,6 @@ def check_profile_steps(profile_steps: Any) -> None:
 def check_time_breakdown(time_breakdown: Any) -> None:
     """time_breakdown: a hand-made GPU trace, the same from a file, a real CPU trace and a simulated GPU's trace."""
     __tracebackhide__ = True
-    from course.simgpu import gpu_session, gpu_work
-
     given = copy.deepcopy(GPU_TRACE)
     got = time_breakdown(given)
     expect_type(got, dict, "time_breakdown's result", "return a dict")
@@ -146,8 +146,6 @@ def _mlp(sizes: tuple[int, int, int]) -> nn.Module:
 def check_step_mfu(step_mfu: Any) -> None:
     """step_mfu: the FLOPs of forward + backward counted by hand for an MLP, and the MFU from them."""
     __tracebackhide__ = True
-    import random
-
     rng = random.Random()
     batch, sizes = rng.choice([16, 24, 32]), (rng.choice([20, 40]), rng.choice([48, 64]), rng.choice([10, 12]))
     a, b, c = sizes
