@@ -35,13 +35,13 @@ def check_profile_steps(profile_steps: Any) -> None:
     """profile_steps: wait + warmup + steps steps, each region labelled, only the active steps in the trace."""
     __tracebackhide__ = True
     calls: list[str] = []
-    regions = {"load": lambda: calls.append("load"), "work": lambda: (calls.append("work"), _sleep_ms(3.0))}
+    regions = {"load": lambda: calls.append("load"), "compute": lambda: (calls.append("compute"), _sleep_ms(3.0))}
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "check-trace.json"
         prof = profile_steps(regions, str(path), steps=2, wait=1, warmup=2)
         expect_type(prof, torch.profiler.profile, "profile_steps's result",
                     "return the torch.profiler.profile object you profiled with")
-        expect_equal(calls, ["load", "work"] * 5, "the regions called for steps=2, wait=1, warmup=2",
+        expect_equal(calls, ["load", "compute"] * 5, "the regions called for steps=2, wait=1, warmup=2",
                      "run wait + warmup + steps steps, each calling every region in order")
         check(path.is_file(), f"no trace file at trace_path ({path.name}) after profile_steps",
               "export the trace with prof.export_chrome_trace(trace_path), e.g. from on_trace_ready")
@@ -54,8 +54,8 @@ def check_profile_steps(profile_steps: Any) -> None:
         found = [e for e in events if e.get("name") == name and e.get("cat") == "user_annotation"]
         check(len(found) == 2, f"the trace holds {len(found)} ranges labelled {name!r} (expected 2: one per "
               "recorded step)", "wrap each region's call in `with record_function(name):`")
-    work = [e["dur"] / 1e3 for e in events if e.get("name") == "work" and e.get("cat") == "user_annotation"]
-    check(min(work) >= 2.5, f"the 'work' ranges last {min(work):.2f} ms, but the region sleeps 3 ms",
+    work = [e["dur"] / 1e3 for e in events if e.get("name") == "compute" and e.get("cat") == "user_annotation"]
+    check(min(work) >= 2.5, f"the 'compute' ranges last {min(work):.2f} ms, but the region sleeps 3 ms",
           "call the region's function inside its record_function block")
     check(torch.profiler.ProfilerActivity.CPU in set(prof.activities), "the profiler did not record the CPU",
           "profile with activities that include ProfilerActivity.CPU")
@@ -208,6 +208,11 @@ def check_diagnose(diagnose: Any) -> None:
         check(percent_shown(got[1], busy), f"{what}: the evidence {got[1]!r} does not give the GPU's busy share "
               f"as a whole percentage ({busy:.0%})", "quote it, e.g. f'{busy:.0%}'")
         expect_equal(given, breakdown, f"{what}: the breakdown afterwards", "read the breakdown; never change it")
+    copies_only = breakdown_of(0.3, 0.05, 0, 0.0, wall_ms=50.0)
+    got = diagnose(copies_only)
+    expect_equal(got[0] if isinstance(got, tuple) else got, "input-bound",
+                 "diagnose of a run with copies but no kernels (GPU busy 30%, host waiting 5%)",
+                 "with no kernels there is no mean kernel time: the run is not launch-bound (and do not divide by 0)")
     idle = breakdown_of(0.0, 0.0, 0, 0.0, wall_ms=50.0)
     expect_raises(ValueError, diagnose, idle, what="diagnose of a breakdown with no GPU activity (a CPU trace)",
                   hint="raise ValueError: with no kernels and no GPU time there is no GPU to be bound by")
