@@ -18,8 +18,10 @@ same categories, names and layout as a real CUDA trace, so that code which reads
   ("Memcpy HtoD (Pinned -> Device)").
 
 Every event carries `"args": {"simulated": true}` and the trace's name says "simulated": the times come from the
-simulation (declared GPU work, the host's real time), they are not measurements of a GPU. Only a simulated session
-has a timeline to export; on a real GPU, torch.profiler records the real one.
+simulation (declared GPU work, the host's real time), they are not measurements of a GPU. Not in it: PyTorch's
+operators (`cpu_op` events; a torch.profiler trace of the CPU taken at the same time has them), several streams
+(the simulation has one timeline), and the GPU-side copies of the labels (`gpu_user_annotation`). Only a simulated
+session has a timeline to export; on a real GPU, torch.profiler records the real one.
 
 Introduced in 09-profiling.
 """
