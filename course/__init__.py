@@ -26,6 +26,7 @@ _SUBMODULES = (
     "ownership",
     "parity",
     "plots",
+    "profiling",
     "reference",
     "simgpu",
     "timing",

@@ -51,7 +51,8 @@ What is modelled
   its calls are recorded with the dtype of the surrounding (or the latest) autocast region.
 - The record: `SimGPU.log` and its views (`syncs`, `explicit_syncs`, `copies`, `h2d_copies`, `d2h_copies`, `pins`,
   `autocast_regions`, `backwards`, `backward_in_autocast`, `scaler_calls`, `work`, `module_moves`,
-  `memory_events`), `warnings` (likely mistakes in words) and `report()`.
+  `memory_events`), `warnings` (likely mistakes in words) and `report()`; `chrome_trace()` exports the timeline
+  (kernels, copies, syncs, `record_function` ranges) as the Chrome trace torch.profiler writes (`trace`).
 
 What is not modelled: the speed of real kernels (only work declared with `gpu_work` costs GPU time; the CPU arithmetic
 itself is host time), several streams overlapping (all streams share one timeline), the kernel launch queue's depth
@@ -96,7 +97,8 @@ Hidden tests, for example::
 The package: `presets` (GPUSpec, PRESETS), `records` (what is recorded), `session` (SimGPU and the functions
 below), `work` (gpu_work, CostlyModel), `lifecycle` (install and remove), `runtime` (the timeline and the registry
 of GPU tensors), `memory` (the allocator's account), `dispatch` and `copies` (the torch-function mode and its
-handlers), `fakes`, `queries` and `recorders` (what replaces or wraps torch.cuda), `autocast` (CUDA's cast policy).
+handlers), `trace` (the Chrome trace), `fakes`, `queries` and `recorders` (what replaces or wraps torch.cuda),
+`autocast` (CUDA's cast policy).
 
 Introduced in 01-device (simulated GPU for learners without one); the hidden tests of 01 to 07 use it throughout.
 """

@@ -47,40 +47,50 @@ class Copies:
     def __init__(self, rt: Runtime, generic: Callable[[Callable, tuple, dict], Any]) -> None:
         self.rt, self.generic = rt, generic  # generic: the dispatcher's path for every other call
 
-    def record(self, t: torch.Tensor, direction: str, non_blocking: bool, pinned: bool, method: str) -> None:
-        self.rt.record(records.Copy(t_ms=self.rt.ms(), direction=direction, non_blocking=bool(non_blocking),
+    def record(self, t: torch.Tensor, direction: str, non_blocking: bool, pinned: bool, method: str) -> records.Copy:
+        rec = records.Copy(t_ms=self.rt.ms(), direction=direction, non_blocking=bool(non_blocking),
                                     pinned=pinned, shape=tuple(t.shape), dtype=t.dtype,
-                                    nbytes=t.numel() * t.element_size(), method=method))
+                                    nbytes=t.numel() * t.element_size(), method=method)
+        self.rt.record(rec)
+        return rec
+
+    def ran(self, rec: records.Copy, end: float, seconds: float) -> None:
+        """Note when the copy ran on the simulated GPU (it ended at perf_counter time `end`), for the trace."""
+        rec.gpu_start_ms, rec.gpu_ms = (end - seconds - self.rt.t0) * 1e3, seconds * 1e3
 
     def h2d(self, src: torch.Tensor, non_blocking: bool, method: str) -> None:
         """Pay for a copy of `src` to the GPU on the timeline and record it."""
         rt = self.rt
         pinned = rt.is_pinned(src)
-        self.record(src, "h2d", non_blocking, pinned, method)
+        rec = self.record(src, "h2d", non_blocking, pinned, method)
         seconds = rt.transfer_s(src.numel() * src.element_size(), pinned)
         if not non_blocking:  # a blocking copy waits for the stream, then for the copy itself (memcpy_and_sync)
             rt.drain(f"{method}: blocking copy to the GPU")
             sleep_until(time.perf_counter() + seconds)
+            self.ran(rec, time.perf_counter(), seconds)
         elif pinned:  # queued on the stream; the host goes on at once
-            rt.enqueue(seconds)
+            self.ran(rec, rt.enqueue(seconds), seconds)
         else:  # pageable memory is staged by the host before the call returns
             sleep_until(time.perf_counter() + seconds)
+            self.ran(rec, time.perf_counter(), seconds)
 
     def d2h(self, src: torch.Tensor, data: torch.Tensor, non_blocking: bool, method: str,
             into: torch.Tensor | None = None) -> torch.Tensor:
         """Copy `data` (the correct host copy of `src`) back: at once if blocking, at the next sync if not."""
         rt = self.rt
         pinned = rt.is_pinned(into) if into is not None else bool(non_blocking)
-        self.record(src, "d2h", non_blocking, pinned, method)
+        rec = self.record(src, "d2h", non_blocking, pinned, method)
         seconds = rt.transfer_s(data.numel() * data.element_size(), True)
         if not non_blocking:
             rt.drain(f"{method}: copy to the host")
             sleep_until(time.perf_counter() + seconds)
+            self.ran(rec, time.perf_counter(), seconds)
             if into is None:
                 return data
             into.copy_(data)
             return into
         ready = rt.enqueue(seconds)
+        self.ran(rec, ready, seconds)
         snapshot = data.detach().clone()
         with torch.no_grad():
             if into is None:  # the graph-connected copy becomes the buffer, so autograd sees what real torch builds

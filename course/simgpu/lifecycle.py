@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from course.simgpu import runtime
+from course.simgpu import runtime, trace
 from course.simgpu.dispatch import Mode
 from course.simgpu.fakes import install_fakes
 from course.simgpu.recorders import install_real_recorders, install_recorders
@@ -34,6 +34,7 @@ def install(rt: Runtime) -> None:
         rt.threads = torch.get_num_threads()
         torch.set_num_threads(1)
         install_fakes(rt, p)
+        trace.install(rt, p)  # record_function ranges, for the Chrome trace of the simulated timeline
     else:
         runtime.cycles_per_ms()  # calibrate gpu_work before the recorders are in place
         install_real_recorders(rt, p)

@@ -1,6 +1,7 @@
 """What a session records: one dataclass per kind of event, appended to `SimGPU.log` in order."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,8 @@ class Sync:
 
 @dataclass(kw_only=True)
 class Copy:
-    """A copy between host and GPU. `pinned`: the host side is pinned memory."""
+    """A copy between host and GPU. `pinned`: the host side is pinned memory. `gpu_start_ms` / `gpu_ms`: when and how
+    long the copy ran on the simulated GPU (NaN / 0 on a real one), for `course.simgpu.trace`."""
     t_ms: float
     direction: str  # "h2d" or "d2h"
     non_blocking: bool
@@ -26,6 +28,8 @@ class Copy:
     dtype: torch.dtype
     nbytes: int
     method: str  # "to", "cuda", "cpu" or "copy_"
+    gpu_start_ms: float = math.nan
+    gpu_ms: float = 0.0
 
 
 @dataclass(kw_only=True)
@@ -74,6 +78,8 @@ class Work:
     ms: float
     label: str
     queued_ms: float  # GPU work already queued ahead of this one
+    gpu_start_ms: float = math.nan  # when the simulated GPU starts it (NaN on a real GPU), for course.simgpu.trace
+    launch_ms: float = 0.0  # the host's time in the call that queued it
 
 
 @dataclass(kw_only=True)

@@ -183,13 +183,16 @@ class Runtime:
                     buf.copy_(data)
 
     def work(self, ms: float, label: str) -> None:
+        began = self.ms()
         queued = max(0.0, self.busy_until - time.perf_counter()) * 1e3
+        start = float("nan")
         if self.simulated:
-            self.enqueue(ms / 1e3)
+            start = (self.enqueue(ms / 1e3) - self.t0) * 1e3 - ms
         else:
             torch.cuda._sleep(int(ms * cycles_per_ms()))
-        self.record(records.Work(t_ms=self.ms(), ms=ms, label=label,
-                                 queued_ms=queued if self.simulated else float("nan")))
+        now = self.ms()
+        self.record(records.Work(t_ms=now, ms=ms, label=label, queued_ms=queued if self.simulated else float("nan"),
+                                 gpu_start_ms=start, launch_ms=now - began))
 
     def transfer_s(self, nbytes: int, pinned: bool) -> float:
         gbps = self.spec.h2d_pinned_gbps if pinned else self.spec.h2d_pageable_gbps

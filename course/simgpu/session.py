@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from course.simgpu import lifecycle, runtime
+from course.simgpu import lifecycle, runtime, trace
 from course.simgpu.memory import format_size
 from course.simgpu.presets import GPUSpec, real_spec, spec_of
 from course.simgpu.records import (
@@ -216,6 +217,10 @@ class SimGPU:
                          f"{format_size(m.reserved)} reserved, {m.num_ooms} out-of-memory errors")
         lines += [f"  ! {w}" for w in self.warnings]
         return "\n".join(lines)
+
+    def chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
+        """The simulated timeline as torch.profiler's Chrome trace JSON (`course.simgpu.trace`); written to `path`."""
+        return trace.chrome_trace(self, path)
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"

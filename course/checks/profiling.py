@@ -1,0 +1,223 @@
+"""Visible checks of 09-profiling: one `check_<name>(<name>)` per graded function, called from its test cell.
+
+Each check exercises what the function's docstring states, with expectations worked out from first principles: a
+hand-made Chrome trace whose figures are known, a real torch.profiler trace of work of known length, a simulated
+GPU's trace of declared work, FLOPs counted by hand (2·m·n·k per matrix product), breakdowns placed on each side
+of the lesson's thresholds. More is checked at grading (other GPUs, other shapes, the four workloads).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
+from course.checks._profiling_traces import GPU_TRACE, GPU_TRACE_FIGURES, breakdown_of, percent_shown
+from course.simgpu import gpu_session, gpu_work
+
+__all__ = ["check_profile_steps", "check_time_breakdown", "check_step_mfu", "check_diagnose"]
+
+
+def _sleep_ms(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while (left := end - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
+def check_profile_steps(profile_steps: Any) -> None:
+    """profile_steps: wait + warmup + steps steps, each region labelled, only the active steps in the trace."""
+    __tracebackhide__ = True
+    calls: list[str] = []
+    regions = {"load": lambda: calls.append("load"), "compute": lambda: (calls.append("compute"), _sleep_ms(3.0))}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "check-trace.json"
+        prof = profile_steps(regions, str(path), steps=2, wait=1, warmup=2)
+        expect_type(prof, torch.profiler.profile, "profile_steps's result",
+                    "return the torch.profiler.profile object you profiled with")
+        expect_equal(calls, ["load", "compute"] * 5, "the regions called for steps=2, wait=1, warmup=2",
+                     "run wait + warmup + steps steps, each calling every region in order")
+        check(path.is_file(), f"no trace file at trace_path ({path.name}) after profile_steps",
+              "export the trace with prof.export_chrome_trace(trace_path), e.g. from on_trace_ready")
+        trace = json.loads(path.read_text())
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    steps = sorted(e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    expect_equal(steps, ["ProfilerStep#3", "ProfilerStep#4"], "the steps in the trace (wait=1, warmup=2, steps=2)",
+                 "use schedule(wait=wait, warmup=warmup, active=steps, repeat=1) and call prof.step() after each step")
+    for name in regions:
+        found = [e for e in events if e.get("name") == name and e.get("cat") == "user_annotation"]
+        check(len(found) == 2, f"the trace holds {len(found)} ranges labelled {name!r} (expected 2: one per "
+              "recorded step)", "wrap each region's call in `with record_function(name):`")
+    work = [e["dur"] / 1e3 for e in events if e.get("name") == "compute" and e.get("cat") == "user_annotation"]
+    check(min(work) >= 2.5, f"the 'compute' ranges last {min(work):.2f} ms, but the region sleeps 3 ms",
+          "call the region's function inside its record_function block")
+    check(torch.profiler.ProfilerActivity.CPU in set(prof.activities), "the profiler did not record the CPU",
+          "profile with activities that include ProfilerActivity.CPU")
+    for flag in ("record_shapes", "profile_memory", "with_stack"):
+        check(getattr(prof, flag, False) is False, f"the profiler ran with {flag}=True",
+              f"leave {flag} off: it costs time in every step and the breakdown does not need it")
+    passed("profile_steps records only the active steps, each region labelled, and writes the trace")
+
+
+def check_time_breakdown(time_breakdown: Any) -> None:
+    """time_breakdown: a hand-made GPU trace, the same from a file, a real CPU trace and a simulated GPU's trace."""
+    __tracebackhide__ = True
+    given = copy.deepcopy(GPU_TRACE)
+    got = time_breakdown(given)
+    expect_type(got, dict, "time_breakdown's result", "return a dict")
+    expect_equal(sorted(got), sorted(GPU_TRACE_FIGURES), "the keys of the breakdown", "return exactly these keys")
+    expect_equal(given, GPU_TRACE, "the trace after time_breakdown", "read the trace; never change it")
+    for key, want in GPU_TRACE_FIGURES.items():
+        if key == "kernels":
+            expect_equal(got[key], want, "'kernels' of a trace with 4 kernel events on two streams",
+                         'count the events of category "kernel" (not copies or memsets)')
+        elif key == "regions":
+            expect_type(got[key], dict, "'regions'", "a dict {label: total ms}")
+            expect_equal(sorted(got[key]), sorted(want), "the labels in 'regions'",
+                         'take the "user_annotation" events, leave out "ProfilerStep#N" and the GPU-side copies '
+                         '("gpu_user_annotation")')
+            for label, ms in want.items():
+                expect_close(got[key][label], ms, f"regions[{label!r}]", rel=1e-6, abs=1e-9,
+                             hint="add up the durations of every range with that label, in ms (dur is in µs)")
+        else:
+            expect_type(got[key], float, f"'{key}'", "a float, in milliseconds")
+            expect_close(got[key], want, f"'{key}' of the hand-made trace", rel=1e-6, abs=1e-9,
+                         hint=_HINTS[key])
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        path.write_text(json.dumps(GPU_TRACE))
+        from_file = time_breakdown(str(path))
+        expect_equal(from_file, got, "the breakdown of the same trace read from a file path",
+                     "accept a path too: open it and json.load it")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.profiler.record_function("pause"):
+                _sleep_ms(4.0)
+            torch.ones(8) + 1
+        prof.export_chrome_trace(str(path))
+        cpu = time_breakdown(str(path))
+    expect_type(cpu, dict, "time_breakdown of a real torch.profiler CPU trace", "return a dict")
+    check(cpu.get("kernels") == 0 and cpu.get("gpu_ms") == 0.0,
+          f"a CPU-only torch.profiler trace gave kernels={cpu.get('kernels')!r}, gpu_ms={cpu.get('gpu_ms')!r}",
+          "count only GPU events (categories kernel, gpu_memcpy, gpu_memset): a CPU trace has none")
+    pause = cpu.get("regions", {}).get("pause")
+    check(isinstance(pause, float) and 3.5 <= pause < 4.0 + 200,
+          f"regions['pause'] of a real trace around a 4 ms sleep is {pause!r}", "durations are in µs: divide by 1000")
+    check(isinstance(cpu.get("wall_ms"), float) and cpu["wall_ms"] >= pause,
+          f"wall_ms {cpu.get('wall_ms')!r} is shorter than the 'pause' range inside it ({pause})",
+          "wall_ms spans from the first event's start to the last event's end")
+    with gpu_session("T4") as sim:
+        if not sim.simulated:  # a real GPU: this check is about the simulated trace
+            passed("time_breakdown reads a hand-made GPU trace, a file and a real CPU trace")
+            return
+        for ms in (2.0, 3.0, 5.0):
+            gpu_work(ms, sim.device)
+        torch.cuda.synchronize()
+        simulated = time_breakdown(sim.chrome_trace())
+    expect_equal(simulated.get("kernels"), 3, "kernels in a simulated trace of 3 gpu_work calls",
+                 'count the events of category "kernel"')
+    expect_close(simulated.get("gpu_ms"), 10.0, "gpu_ms of a simulated trace of 2 + 3 + 5 ms of work", rel=1e-3,
+                 hint="add up the union of the GPU events' intervals, in ms")
+    passed("time_breakdown reads a hand-made GPU trace, a file, a real CPU trace and a simulated GPU's trace")
+
+
+_HINTS = {
+    "wall_ms": 'from the earliest start to the latest end (ts + dur) of the "X" events, leaving out the profiler\'s '
+               'own span (category "Trace"); other phases (M, i, s, f) are not timed events',
+    "gpu_ms": 'the union of the intervals of the GPU events (categories kernel, gpu_memcpy, gpu_memset): where two '
+              'streams overlap, count the time once',
+    "kernel_ms": 'add up the durations of the "kernel" events, in ms',
+    "memcpy_ms": 'add up the durations of the "gpu_memcpy" events, in ms',
+    "sync_ms": 'add up the host\'s "cuda_runtime" calls that wait: names with "Synchronize", and cudaMemcpy*; '
+               'not cudaLaunchKernel',
+}
+
+
+def _mlp(sizes: tuple[int, int, int]) -> nn.Module:
+    a, b, c = sizes
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c))
+
+
+def check_step_mfu(step_mfu: Any) -> None:
+    """step_mfu: the FLOPs of forward + backward counted by hand for an MLP, and the MFU from them."""
+    __tracebackhide__ = True
+    rng = random.Random()
+    batch, sizes = rng.choice([16, 24, 32]), (rng.choice([20, 40]), rng.choice([48, 64]), rng.choice([10, 12]))
+    a, b, c = sizes
+    model = _mlp(sizes)
+    inputs, targets = torch.randn(batch, a), torch.randint(0, c, (batch,))
+    before = [p.detach().clone() for p in model.parameters()]
+    step_ms, peak = rng.choice([2.0, 5.0, 8.0]), rng.choice([0.5, 1.0, 2.0])
+    got = step_mfu(model, inputs, targets, nn.CrossEntropyLoss(), step_ms, peak)
+    expect_type(got, tuple, "step_mfu's result", "return a tuple (flops, mfu)")
+    check(len(got) == 2, f"step_mfu returned {len(got)} values", "return (flops, mfu)")
+    flops, mfu = got
+    forward = 2 * batch * (a * b + b * c)
+    backward = 2 * batch * a * b + 2 * 2 * batch * b * c  # the first layer needs no gradient for its input
+    expect_type(flops, int, "the FLOPs", "return the count as an int (int(counter.get_total_flops()))")
+    check(flops != forward, f"{flops:,} FLOPs is the forward pass alone (2·m·n·k per matmul: {forward:,})",
+          "run the backward pass inside the counter too: a training step is forward + backward")
+    check(flops != 3 * forward, f"{flops:,} FLOPs is 3 × the forward pass, a rule of thumb, not a count",
+          "count with torch.utils.flop_counter.FlopCounterMode around forward and backward")
+    expect_equal(flops, forward + backward, f"the FLOPs of one step of Linear({a},{b})-ReLU-Linear({b},{c}) on a "
+                 f"batch of {batch} (forward {forward:,} + backward {backward:,})",
+                 "count forward, loss and backward inside one FlopCounterMode(display=False)")
+    expect_type(mfu, float, "the MFU", "return a Python float")
+    want = flops / (step_ms / 1e3) / (peak * 1e12)
+    expect_close(mfu, want, f"the MFU of {flops:,} FLOPs in {step_ms} ms against {peak} TFLOP/s", rel=1e-6,
+                 hint="achieved FLOP/s = flops / (step_ms / 1000); divide by peak_tflops * 1e12; a fraction, "
+                      "not a percentage")
+    for p, old in zip(model.parameters(), before, strict=True):
+        check(torch.equal(p.detach(), old), "step_mfu changed the model's parameters",
+              "count one forward and backward pass; take no optimizer step")
+        check(p.grad is None, "step_mfu left gradients in the parameters' .grad",
+              "clear them afterwards: model.zero_grad(set_to_none=True)")
+    passed(f"step_mfu: {flops:,} FLOPs (forward {forward:,} + backward {backward:,}), MFU {mfu:.3g}")
+
+
+_CASES = [  # (gpu share, sync share, kernels, mean kernel µs, verdict): on each side of each threshold
+    (0.95, 0.90, 10, 900.0, "compute-bound"),
+    (0.80, 0.10, 10, 900.0, "compute-bound"),
+    (0.79, 0.70, 10, 900.0, "sync-bound"),
+    (0.50, 0.25, 400, 5.0, "sync-bound"),
+    (0.40, 0.24, 400, 5.0, "launch-bound"),
+    (0.30, 0.02, 50, 19.9, "launch-bound"),
+    (0.30, 0.02, 50, 20.0, "input-bound"),
+    (0.10, 0.01, 4, 2000.0, "input-bound"),
+]
+
+
+def check_diagnose(diagnose: Any) -> None:
+    """diagnose: the lesson's rules in their order, on breakdowns on each side of each threshold."""
+    __tracebackhide__ = True
+    for busy, synced, kernels, mean_us, verdict in _CASES:
+        breakdown = breakdown_of(busy, synced, kernels, mean_us, wall_ms=200.0)
+        given = copy.deepcopy(breakdown)
+        got = diagnose(given)
+        what = (f"diagnose of GPU busy {busy:.0%}, host waiting {synced:.0%}, {kernels} kernels of {mean_us:g} µs "
+                "on average")
+        expect_type(got, tuple, f"{what}: the result", "return a tuple (verdict, evidence)")
+        check(len(got) == 2, f"{what}: {len(got)} values came back", "return (verdict, evidence)")
+        expect_equal(got[0], verdict, what, _RULES)
+        expect_type(got[1], str, f"{what}: the evidence", "a sentence (str) with the figures behind the verdict")
+        check(percent_shown(got[1], busy), f"{what}: the evidence {got[1]!r} does not give the GPU's busy share "
+              f"as a whole percentage ({busy:.0%})", "quote it, e.g. f'{busy:.0%}'")
+        expect_equal(given, breakdown, f"{what}: the breakdown afterwards", "read the breakdown; never change it")
+    copies_only = breakdown_of(0.3, 0.05, 0, 0.0, wall_ms=50.0)
+    got = diagnose(copies_only)
+    expect_equal(got[0] if isinstance(got, tuple) else got, "input-bound",
+                 "diagnose of a run with copies but no kernels (GPU busy 30%, host waiting 5%)",
+                 "with no kernels there is no mean kernel time: the run is not launch-bound (and do not divide by 0)")
+    idle = breakdown_of(0.0, 0.0, 0, 0.0, wall_ms=50.0)
+    expect_raises(ValueError, diagnose, idle, what="diagnose of a breakdown with no GPU activity (a CPU trace)",
+                  hint="raise ValueError: with no kernels and no GPU time there is no GPU to be bound by")
+    passed("diagnose follows the rules in order, on each side of every threshold, and quotes the busy share")
+
+
+_RULES = ("in this order: compute-bound when gpu_ms / wall_ms >= 0.8; else sync-bound when sync_ms / wall_ms >= "
+          "0.25; else launch-bound when the mean kernel (kernel_ms / kernels) is under 20 µs; else input-bound")

@@ -1,0 +1,248 @@
+"""Notebook 09-profiling and what backs it: the simulated GPU's Chrome trace (course.simgpu.trace), the lesson
+helpers (course.profiling), the notebook's structure and fair test cells.
+
+The nbgrader round trip of 09 (solution: full marks; exercise: zero) runs in tests/test_roundtrip.py with every module;
+the mutation catalogue in tests/mutations/profiling.py checks that the tests catch the typical mistakes.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from course import profiling
+from course.simgpu import gpu_work, simulated_cuda
+from grader import nbtools
+from tests.harness import graded_functions, missed_without_visible_checks, without_hidden_tests
+
+ASSIGNMENT = "09-profiling"
+NOTEBOOK = nbtools.SOLUTIONS / ASSIGNMENT / "profiling.ipynb"
+GRADED = ["profile_steps", "time_breakdown", "diagnose", "step_mfu"]
+profiling.quiet_profiler_logs()
+
+
+def _cells():
+    return nbtools.read(NOTEBOOK).cells
+
+
+@pytest.fixture(scope="module")
+def solution() -> dict:
+    """The notebook's setup and solution cells run in one namespace: the answers, to test the lesson's claims."""
+    ns: dict = {"__name__": "__main__"}
+    for cell in _cells():
+        meta = nbtools.nbgrader_meta(cell)
+        if cell.cell_type == "code" and ((meta.get("grade_id") or "").startswith("setup") or meta.get("solution")):
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(cell.source, f"<{meta['grade_id']}>", "exec"), ns)  # noqa: S102 - the course's own cells
+    return ns
+
+
+# ---------------------------------------------------------------- the notebook
+def test_graded_functions_are_the_contract():
+    assert graded_functions(nbtools.read(NOTEBOOK)) == GRADED
+    for cell in _cells():
+        meta = nbtools.nbgrader_meta(cell)
+        if meta.get("solution"):
+            assert f"def {meta['grade_id']}(" in cell.source, f"solution cell {meta['grade_id']} defines another name"
+        if meta.get("grade"):
+            first = cell.source.lstrip().splitlines()[0]
+            assert first.startswith('"""Check ') and first.endswith('"""'), f"{meta['grade_id']}: docstring first"
+            assert "### BEGIN HIDDEN TESTS" in cell.source and "### BEGIN JUDGE" in cell.source
+
+
+def test_opens_with_the_colab_cell_and_the_setup_cell():
+    code = [c for c in _cells() if c.cell_type == "code"]
+    assert nbtools.grade_id(code[0]) == "colab_setup" and nbtools.nbgrader_meta(code[0]).get("locked")
+    assert nbtools.grade_id(code[1]) == "setup" and nbtools.nbgrader_meta(code[1]).get("locked")
+    assert "quiet_profiler_logs()" in code[1].source, "kineto's C++ logs must be quieted before the first profile"
+
+
+def test_each_released_test_cell_is_one_short_check():
+    """#25: at most 5 visible lines, the docstring, two imports, the frame and one check call."""
+    for cell in _cells():
+        meta = nbtools.nbgrader_meta(cell)
+        if not meta.get("grade"):
+            continue
+        name = meta["grade_id"].removeprefix("test_")
+        visible = [line for line in without_hidden_tests(cell.source).splitlines()
+                   if line.strip() and not line.strip().startswith("#")]
+        assert len(visible) <= 5, (name, visible)
+        assert f"    check_{name}({name})" in visible, (name, visible)
+
+
+def _hints(cell_source: str) -> list[str]:
+    return re.findall(r"<details><summary>Hint</summary>(.*?)</details>", cell_source, re.S)
+
+
+def test_hints_teach_without_giving_a_line_of_the_answer():
+    """At most two hints per exercise, the first with a link to the docs; no code span is a line of the solution."""
+    cells = _cells()
+    for i, cell in enumerate(cells):
+        meta = nbtools.nbgrader_meta(cell)
+        if not meta.get("solution"):
+            continue
+        hints = _hints(cells[i - 1].source)
+        assert 1 <= len(hints) <= 2, f"{meta['grade_id']}: {len(hints)} hints"
+        assert "https://" in hints[0], f"{meta['grade_id']}: the first hint links to the docs"
+        lines = {line.strip() for line in cell.source.splitlines() if line.strip()}
+        for span in (s.strip() for h in hints for s in re.findall(r"`([^`]+)`", h)):
+            assert not any(span in line and len(span) >= 0.35 * len(line) for line in lines), (meta["grade_id"], span)
+
+
+def test_no_figure_or_peak_is_stated_without_a_source():
+    """The datasheet peaks the lesson prints come with where they were read; the others are not printed as fact."""
+    for key, (peak, bandwidth, source) in profiling.PEAKS.items():
+        assert peak > 0 and bandwidth > 0 and "datasheet" in source, key
+    text = "\n".join(c.source for c in _cells() if c.cell_type == "markdown")
+    assert "dense" in text and "sparsity" in text
+    for unverified in ("T4 | 65", "L4 | 121", "H200 | 989"):
+        assert unverified not in text
+
+
+def test_the_library_holds_no_graded_name():
+    import course.checks.profiling as checks_module
+
+    for module in (profiling, checks_module):
+        assert not any(hasattr(module, name) for name in GRADED), module.__name__
+
+
+# ---------------------------------------------------------------- the simulated GPU's trace
+def _timed(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "Trace"]
+
+
+def test_the_simulated_trace_has_torch_profilers_format(tmp_path: Path):
+    with simulated_cuda("A100", replace_real=True) as sim:
+        x = torch.randn(256, 64).pin_memory()
+        with torch.profiler.record_function("outer"):
+            with torch.profiler.record_function("inner"):
+                x.to(sim.device, non_blocking=True)
+                gpu_work(4.0)
+                gpu_work(1.5, label="second")
+            torch.cuda.synchronize()
+        y = torch.ones(3, device=sim.device)
+        y.sum().item()
+        trace = sim.chrome_trace(tmp_path / "sim.json")
+    assert json.loads((tmp_path / "sim.json").read_text()) == trace
+    assert {"traceEvents", "deviceProperties", "displayTimeUnit", "baseTimeNanoseconds"} <= set(trace)
+    events = _timed(trace)
+    kernels = [e for e in events if e["cat"] == "kernel"]
+    assert [(k["name"], k["dur"], k["pid"], k["tid"]) for k in kernels] == [("gpu_work", 4000.0, 0, 7),
+                                                                            ("second", 1500.0, 0, 7)]
+    assert kernels[1]["ts"] >= kernels[0]["ts"] + kernels[0]["dur"] - 1e-3, "one stream: the kernels queue up"
+    launches = [e for e in events if e["name"] == "cudaLaunchKernel"]
+    assert len(launches) == 2
+    assert all(launch["ts"] <= k["ts"] + 1e-3 for launch, k in zip(launches, kernels, strict=True))
+    copies = [e for e in events if e["cat"] == "gpu_memcpy"]
+    assert [c["name"] for c in copies] == ["Memcpy HtoD (Pinned -> Device)"]
+    assert copies[0]["dur"] == pytest.approx(256 * 64 * 4 / 25.7e9 * 1e6, rel=1e-3)
+    assert kernels[0]["ts"] >= copies[0]["ts"] + copies[0]["dur"] - 1e-3, "the kernel waits for the copy before it"
+    syncs = {e["name"]: e for e in events if "Synchronize" in e["name"]}
+    assert set(syncs) == {"cudaDeviceSynchronize", "cudaStreamSynchronize"}
+    assert syncs["cudaDeviceSynchronize"]["dur"] > 4000.0, "the host waited for 5.5 ms of queued work"
+    labels = {e["name"]: e for e in events if e["cat"] == "user_annotation"}
+    assert labels["outer"]["ts"] <= labels["inner"]["ts"] and (
+        labels["inner"]["ts"] + labels["inner"]["dur"] <= labels["outer"]["ts"] + labels["outer"]["dur"])
+    assert all(e["ts"] > 1e9 for e in events), "timestamps far from zero, as in a real trace"
+    assert [e for e in trace["traceEvents"] if e.get("cat") == "Trace"], "the profiler's own span is there too"
+    assert all(e["args"]["simulated"] is True for e in events)
+
+
+def test_record_function_is_restored_after_a_session():
+    cls = torch.autograd.profiler.record_function
+    before = (cls.__enter__, cls.__exit__)
+    with simulated_cuda(replace_real=True):
+        assert cls.__enter__ is not before[0]
+    assert (cls.__enter__, cls.__exit__) == before
+
+
+def test_a_real_gpu_session_has_no_simulated_trace(monkeypatch):
+    with simulated_cuda(replace_real=True) as sim:
+        pass
+    monkeypatch.setattr(sim, "simulated", False)
+    with pytest.raises(RuntimeError, match="torch.profiler"):
+        sim.chrome_trace()
+
+
+# ---------------------------------------------------------------- the lesson's claims, with the solution
+def test_one_function_reads_a_real_cpu_trace_and_a_simulated_trace(solution, tmp_path: Path):
+    breakdown = solution["time_breakdown"]
+    path = tmp_path / "cpu.json"
+    solution["profile_steps"]({"sleep": lambda: gpu_work(3.0, "cpu")}, path, steps=2)
+    cpu = breakdown(path)
+    assert cpu["kernels"] == 0 and cpu["gpu_ms"] == 0.0 and cpu["regions"]["sleep"] >= 5.5
+    with simulated_cuda("L4", replace_real=True) as sim:
+        solution["profile_steps"]({"work": lambda: gpu_work(3.0)}, tmp_path / "sim-cpu.json", steps=2)
+        torch.cuda.synchronize()
+        simulated = breakdown(sim.chrome_trace())
+    assert simulated["kernels"] == 4 and simulated["gpu_ms"] == pytest.approx(12.0, rel=1e-4)
+    assert {"work"} <= set(simulated["regions"]) and "ProfilerStep#2" not in simulated["regions"]
+
+
+@pytest.mark.parametrize("preset, speed", [("T4", 1.0), ("A100", 2.0), ("H100", 3.0)])
+def test_each_workload_is_diagnosed_as_its_kind(solution, preset: str, speed: float):
+    with simulated_cuda(preset, replace_real=True) as sim:
+        for kind in profiling.KINDS:
+            regions = profiling.workload(kind, sim.device, gpu_speed=speed)
+            sim.clear()
+            for _ in range(4):
+                for name, fn in regions.items():
+                    with torch.profiler.record_function(name):
+                        fn()
+            torch.cuda.synchronize()
+            verdict, evidence = solution["diagnose"](solution["time_breakdown"](sim.chrome_trace()))
+            assert verdict == kind, (preset, kind, evidence)
+
+
+def test_workload_refuses_unknown_kinds_and_speeds():
+    with pytest.raises(ValueError, match="kind"):
+        profiling.workload("memory-bound", "cpu")
+    with pytest.raises(ValueError, match="gpu_speed"):
+        profiling.workload("input-bound", "cpu", gpu_speed=0)
+
+
+def test_plots_draw_a_trace_and_a_roofline():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    with simulated_cuda(replace_real=True) as sim:
+        for name, fn in profiling.workload("launch-bound", sim.device).items():
+            with torch.profiler.record_function(name):
+                fn()
+        trace = sim.chrome_trace()
+    ax = profiling.timeline_plot(trace, title="t")
+    assert [t.get_text() for t in ax.get_yticklabels()][-1] == "GPU: stream 7"
+    ax = profiling.roofline_plot(312.0, 2039.0, {"a": (1.0, 2.0)})
+    assert ax.get_xscale() == "log" and len(ax.lines) >= 2
+    assert profiling.timeline_plot({"traceEvents": []}).get_title() == "an empty trace"
+
+
+@pytest.mark.gpu
+def test_hidden_tests_pass_on_a_real_gpu():
+    """On a GPU machine gpu_session() yields the real device and profile_steps records CUDA too: the solution must
+    pass every test cell there (the simulated parts of the probes are skipped)."""
+    from tests.harness import run_function_tests
+
+    for name in GRADED:
+        results = run_function_tests(NOTEBOOK, name)
+        assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
+
+
+def test_the_judges_alone_catch_every_mistake():
+    """With every visible check switched off (#21), each wrong variant must still fail on its judge alone."""
+    missed = missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "profiling.py")
+    assert not missed, f"caught by the visible checks only: {missed}"
+
+
+def test_solution_cells_parse_and_import_nothing_new():
+    for cell in _cells():
+        if nbtools.nbgrader_meta(cell).get("solution"):
+            tree = ast.parse(cell.source)
+            assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], \
+                "the setup cell imports what the answers need"
