@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from course.env import quiet_cuda_home_notice
 
 __all__ = [
     "PRECISIONS", "DATASHEET", "format_table", "tf32_setting", "tf32_mode", "gradient_underflow",
@@ -157,12 +158,6 @@ class StepFigures:
     device: str
 
 
-def _no_cuda_runtime_note(record: logging.LogRecord) -> bool:
-    """False for the one record torch.utils.cpp_extension logs on import on a machine without CUDA ("No CUDA runtime
-    is found, using CUDA_HOME=..."): torch.utils.benchmark imports it, and the line would reach a notebook's stderr."""
-    return not record.getMessage().startswith("No CUDA runtime is found")
-
-
 def measure_step(step: Callable[[], Any], model: nn.Module, inputs: torch.Tensor, precision: str, *,
                  iters: int = 5) -> StepFigures:
     """Time `step()` (one training step of `model`, e.g. your amp_train_step on a fixed batch) and measure memory.
@@ -174,9 +169,7 @@ def measure_step(step: Callable[[], Any], model: nn.Module, inputs: torch.Tensor
     freed and the GPU had finished (None elsewhere: the CPU allocator keeps no such counter); it includes the
     weights, gradients and batch, which stay fp32 in every precision. Introduced in 04-amp.
     """
-    cpp_extension_log = logging.getLogger("torch.utils.cpp_extension")
-    if _no_cuda_runtime_note not in cpp_extension_log.filters:  # every other record of that logger still shows
-        cpp_extension_log.addFilter(_no_cuda_runtime_note)
+    quiet_cuda_home_notice()  # torch.utils.benchmark's import would log it to the notebook's stderr
     from torch.utils.benchmark import Timer
 
     if precision not in PRECISIONS:

@@ -61,7 +61,7 @@ def quiet_cuda_home_notice() -> None:
     record when the machine has a CUDA toolkit but torch sees no GPU; a notebook shows it in red although nothing is
     wrong. This drops that one record of that one logger; every other message, of that logger and of the rest of
     torch, still shows. Call it before that module is imported; calling it again changes nothing.
-    Introduced in 06-compile.
+    Introduced in 02-transfer; every setup cell whose notebook imports `torch.utils.benchmark` calls it.
     """
     logger = logging.getLogger(_CPP_EXTENSION_LOGGER)
     if not any(isinstance(f, _WithoutCudaHomeNotice) for f in logger.filters):

@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch import nn
 
-import course.env
 from course import observe
 from course.checks.compile import optimizer_steps
 from course.compile import PT2_ANNOUNCEMENT, ElementwiseChain, GraphRecorder, elementwise_chain, stand_in_compile
@@ -237,21 +236,6 @@ def test_optimizer_steps_records_each_steps_rate_and_the_gradient_norms_before_a
     assert steps[-1]["raw"] == pytest.approx(raw) and raw > 10
     assert [s["found"] for s in steps] == pytest.approx([1.0, 1.0], rel=1e-5)
     assert len(steps) == 2
-
-
-def test_quiet_cuda_home_notice_drops_that_one_record_only(caplog):
-    """torch.utils.cpp_extension's "No CUDA runtime is found" is a log record (logger.warning in _find_cuda_home),
-    not a Python warning; the filter drops it and nothing else, however often it is installed."""
-    import logging
-
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    course.env.quiet_cuda_home_notice()
-    course.env.quiet_cuda_home_notice()
-    assert sum(type(f).__name__ == "_WithoutCudaHomeNotice" for f in logger.filters) == 1
-    with caplog.at_level(logging.WARNING, logger="torch.utils.cpp_extension"):
-        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local/cuda")
-        logger.warning("Error checking compiler version for %s", "c++")
-    assert [r.getMessage() for r in caplog.records] == ["Error checking compiler version for c++"]
 
 
 # ---------------------------------------------------------------- the notebook

@@ -231,3 +231,18 @@ def test_widgets_render_only_in_a_live_kernel_and_never_under_the_autograder(mon
     assert env.widgets_can_render()
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     assert not env.widgets_can_render()
+
+
+def test_quiet_cuda_home_notice_drops_that_one_record_only(caplog):
+    """torch.utils.cpp_extension's "No CUDA runtime is found" is a log record (logger.warning in _find_cuda_home),
+    not a Python warning; the filter drops it and nothing else, however often it is installed."""
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    env.quiet_cuda_home_notice()
+    env.quiet_cuda_home_notice()
+    assert sum(type(f).__name__ == "_WithoutCudaHomeNotice" for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="torch.utils.cpp_extension"):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local/cuda")
+        logger.warning("Error checking compiler version for %s", "c++")
+    assert [r.getMessage() for r in caplog.records] == ["Error checking compiler version for c++"]

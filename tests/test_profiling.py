@@ -10,7 +10,6 @@ import ast
 import contextlib
 import io
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 from course import profiling
 from course.simgpu import gpu_work, simulated_cuda
 from grader import nbtools
-from tests.harness import graded_functions, missed_without_visible_checks, without_hidden_tests
+from tests.harness import graded_functions
 
 ASSIGNMENT = "09-profiling"
 NOTEBOOK = nbtools.SOLUTIONS / ASSIGNMENT / "profiling.ipynb"
@@ -63,38 +62,6 @@ def test_opens_with_the_colab_cell_and_the_setup_cell():
     assert "quiet_profiler_logs()" in code[1].source, "kineto's C++ logs must be quieted before the first profile"
 
 
-def test_each_released_test_cell_is_one_short_check():
-    """#25: at most 5 visible lines, the docstring, two imports, the frame and one check call."""
-    for cell in _cells():
-        meta = nbtools.nbgrader_meta(cell)
-        if not meta.get("grade"):
-            continue
-        name = meta["grade_id"].removeprefix("test_")
-        visible = [line for line in without_hidden_tests(cell.source).splitlines()
-                   if line.strip() and not line.strip().startswith("#")]
-        assert len(visible) <= 5, (name, visible)
-        assert f"    check_{name}({name})" in visible, (name, visible)
-
-
-def _hints(cell_source: str) -> list[str]:
-    return re.findall(r"<details><summary>Hint</summary>(.*?)</details>", cell_source, re.S)
-
-
-def test_hints_teach_without_giving_a_line_of_the_answer():
-    """At most two hints per exercise, the first with a link to the docs; no code span is a line of the solution."""
-    cells = _cells()
-    for i, cell in enumerate(cells):
-        meta = nbtools.nbgrader_meta(cell)
-        if not meta.get("solution"):
-            continue
-        hints = _hints(cells[i - 1].source)
-        assert 1 <= len(hints) <= 2, f"{meta['grade_id']}: {len(hints)} hints"
-        assert "https://" in hints[0], f"{meta['grade_id']}: the first hint links to the docs"
-        lines = {line.strip() for line in cell.source.splitlines() if line.strip()}
-        for span in (s.strip() for h in hints for s in re.findall(r"`([^`]+)`", h)):
-            assert not any(span in line and len(span) >= 0.35 * len(line) for line in lines), (meta["grade_id"], span)
-
-
 def test_no_figure_or_peak_is_stated_without_a_source():
     """The datasheet peaks the lesson prints come with where they were read; the others are not printed as fact."""
     for key, (peak, bandwidth, source) in profiling.PEAKS.items():
@@ -103,13 +70,6 @@ def test_no_figure_or_peak_is_stated_without_a_source():
     assert "dense" in text and "sparsity" in text
     for unverified in ("T4 | 65", "L4 | 121", "H200 | 989"):
         assert unverified not in text
-
-
-def test_the_library_holds_no_graded_name():
-    import course.checks.profiling as checks_module
-
-    for module in (profiling, checks_module):
-        assert not any(hasattr(module, name) for name in GRADED), module.__name__
 
 
 # ---------------------------------------------------------------- the simulated GPU's trace
@@ -232,12 +192,6 @@ def test_hidden_tests_pass_on_a_real_gpu():
     for name in GRADED:
         results = run_function_tests(NOTEBOOK, name)
         assert results and all(r.passed for r in results), [r.error for r in results if not r.passed]
-
-
-def test_the_judges_alone_catch_every_mistake():
-    """With every visible check switched off (#21), each wrong variant must still fail on its judge alone."""
-    missed = missed_without_visible_checks(NOTEBOOK, Path(__file__).parent / "mutations" / "profiling.py")
-    assert not missed, f"caught by the visible checks only: {missed}"
 
 
 def test_solution_cells_parse_and_import_nothing_new():
