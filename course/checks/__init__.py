@@ -17,16 +17,18 @@ are tensors or arrays, so the checks also run on Colab and in plain Python.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from course._testcell import attempt, graded, grading, judged
 
 __all__ = ["attempt", "check", "expect_equal", "expect_close", "expect_raises", "expect_type", "graded", "grading",
-           "judged", "passed", "type_name"]
+           "judged", "noting_warnings", "passed", "type_name"]
 
 _MAX_REPR = 300
 
@@ -375,3 +377,16 @@ def expect_type(value: Any, types: type | tuple[type, ...], what: str, hint: str
 def passed(message: str) -> None:
     """Print "✓ {message}": the last line of a test cell that passed. Used by every notebook."""
     print(f"✓ {message}")
+
+
+@contextlib.contextmanager
+def noting_warnings(what: str = "your code") -> Iterator[list]:
+    """Record the warnings raised inside (the list is yielded, for a check that looks at them), then print each as a
+    note on stdout: a warning is not a mistake, and nbgrader zeroes a test cell that writes to stderr. Used by the
+    check modules of this package."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    for w in caught:
+        text = str(w.message).splitlines()[0] if str(w.message) else ""
+        print(f"note: a warning while {what} ran ({w.category.__name__}: {text[:200]}); it costs no points")

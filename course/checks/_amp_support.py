@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from course.checks import check
+from course.checks import check, noting_warnings
 
 CPU = torch.device("cpu")
 
@@ -94,19 +93,15 @@ def expected_step(net: nn.Module, batch, dtype: torch.dtype, scale: float, lr: f
 
 @contextlib.contextmanager
 def recorded_warnings(function: str, deprecated: str = "") -> Iterator[None]:
-    """Record every warning of the block (nbgrader scores a cell 0 when anything reaches stderr); afterwards fail
-    for a torch.cuda.amp deprecation when `deprecated` gives the fix, and name any other warning as a note."""
+    """noting_warnings for `function`; afterwards fail for a torch.cuda.amp deprecation when `deprecated` gives the
+    fix, and explain autocast's own "disabling" warning of an fp32 step."""
     __tracebackhide__ = True
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with noting_warnings(function) as caught:
         yield
     texts = [(w.category, str(w.message).splitlines()[0] if str(w.message) else "") for w in caught]
     if deprecated:
         old = [t for kind, t in texts if issubclass(kind, (FutureWarning, DeprecationWarning)) and "cuda.amp" in t]
         check(not old, f"{function} used a deprecated API: {old[:1]}", deprecated)
-    for kind, text in texts:  # no other warning reveals a mistake: name it, never fail for it
-        if "autocast" in text and ("not supported" in text or "Disabling" in text):
-            print(f"note: torch warned '{text[:160]}' during an fp32 step. That is harmless (autocast switched itself "
-                  "off, as fp32 needs); autocast's enabled= argument avoids the warning.")
-        else:
-            print(f"note: a warning while {function} ran ({kind.__name__}: {text[:200]})")
+    if any("autocast" in t and ("not supported" in t or "Disabling" in t) for _, t in texts):
+        print("note: autocast switched itself off during an fp32 step, which is harmless (fp32 needs no autocast); "
+              "autocast's enabled= argument avoids the warning.")

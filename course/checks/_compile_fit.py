@@ -19,11 +19,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from course.checks import check, expect_close, expect_type, passed
+from course.checks import check, expect_close, expect_type, noting_warnings, passed
 from course.compile import stand_in_compile
 from course.data import digits
 from course.models import MLP
 from course.simgpu import CostlyModel, gpu_session
+from course.timing import num_threads
 
 __all__ = ["check_fit", "check_fit_compile", "noted_warnings"]
 
@@ -32,21 +33,9 @@ _CPU = torch.device("cpu")
 
 @contextlib.contextmanager
 def noted_warnings(what: str) -> Iterator[list[warnings.WarningMessage]]:
-    """Record every warning, on one CPU thread, and name them afterwards as notes on stdout.
-
-    nbgrader scores a test cell 0 when anything reaches stderr, warnings included, and no warning here reveals a
-    mistake (a check looks at what was recorded when it matters). Tiny batches: one thread is faster and steadier.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield caught
-    finally:
-        torch.set_num_threads(threads)
-    for w in caught:
-        print(f"note: a warning while {what} ran ({w.category.__name__}: {str(w.message).splitlines()[0][:200]})")
+    """noting_warnings, on one CPU thread: tiny batches run faster and steadier on one."""
+    with num_threads(1), noting_warnings(what) as caught:
+        yield caught
 
 
 def _fitted(fit: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -5,12 +5,11 @@ on a machine mocked to have no GPU or only Apple's MPS, and on simulated GPUs (`
 from torch itself (what the simulated GPU reports) or from the lesson (BrokenNet's arithmetic), never from an
 answer. The hidden tests check more at grading (other GPUs, other sizes and seeds).
 
-Introduced in 01-device; `noting_warnings` is used by every check module of this package.
+Introduced in 01-device.
 """
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -19,22 +18,10 @@ from unittest import mock
 import torch
 from torch import nn
 
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
+from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, noting_warnings, passed
 from course.simgpu import simulated_cuda
 
-__all__ = ["check_describe_device", "check_device_safe_net", "check_pick_device", "check_smoke_test",
-           "noting_warnings"]
-
-
-@contextlib.contextmanager
-def noting_warnings() -> Iterator[list]:
-    """Record the warnings raised inside, then print each as a note on stdout: a warning is not a mistake, and
-    nbgrader zeroes a test cell that writes to stderr. Used by every check module."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield caught
-    for w in caught:
-        print(f"note: your code warned ({w.category.__name__}: {w.message}); it costs no points")
+__all__ = ["check_describe_device", "check_device_safe_net", "check_pick_device", "check_smoke_test"]
 
 
 @contextlib.contextmanager

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course.checks import check, expect_type, passed
-from course.checks.device import noting_warnings
+from course.checks import check, expect_type, noting_warnings, passed
 from course.simgpu import CostlyModel, gpu_work, simulated_cuda
 from course.timing import num_threads
 

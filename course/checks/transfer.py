@@ -16,8 +16,7 @@ from unittest import mock
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
-from course.checks import check, expect_equal, expect_type, passed
-from course.checks.device import noting_warnings
+from course.checks import check, expect_equal, expect_type, noting_warnings, passed
 from course.simgpu import gpu_work, simulated_cuda
 
 __all__ = ["check_copy_to_host", "check_make_loader", "check_to_device"]
