@@ -197,22 +197,14 @@ def check_measure_throughput(measure_throughput: Callable) -> None:
     passed(f"measure_throughput on the CPU and on a simulated GPU: {got:.0f} samples/s for the short loader")
 
 
-class _CountingSGD(torch.optim.SGD):
-    """SGD that counts its steps."""
-
-    def __init__(self, params: Any, lr: float = 0.01) -> None:
-        super().__init__(params, lr=lr)
-        self.steps = 0
-
-    def step(self, closure: Any = None) -> Any:
-        self.steps += 1
-        return super().step(closure)
-
-
 def _train(train_throughput: Callable, model: Any, loader: Any, device: torch.device, warmup: int, iters: int,
            where: str) -> float:
     __tracebackhide__ = True
-    optimizer = _CountingSGD(model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    # A hook, not an SGD subclass with its own step: torch wraps such a step on first use, which would change
+    # this library's code while the test runs (the course's grader holds a notebook for that).
+    stepped: list = []
+    optimizer.register_step_post_hook(lambda *_: stepped.append(True))
     weight = model.linear.weight
     cleared: list = []  # per backward: whether the previous step's gradient had been freed by then
     weight.register_hook(lambda grad: cleared.append(weight.grad is None))
@@ -224,7 +216,7 @@ def _train(train_throughput: Callable, model: Any, loader: Any, device: torch.de
     _forwards(model, where, n, warmup, iters, training=True)
     check(len(cleared) == n, f"{where} backward ran {len(cleared)} times in {n} steps",
           "call backward() on the loss once per step")
-    check(optimizer.steps == n, f"{where} the optimizer stepped {optimizer.steps} times in {n} steps",
+    check(len(stepped) == n, f"{where} the optimizer stepped {len(stepped)} times in {n} steps",
           "step the optimizer once per training step")
     changed = [not torch.equal(a.cpu(), b.cpu()) for a, b in zip(weights[:-1], weights[1:], strict=True)]
     check(all(changed), f"{where} the weights stayed the same from one step to the next {changed.count(False)} "
