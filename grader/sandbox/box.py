@@ -40,8 +40,8 @@ from grader.sandbox.mounts import (
 )
 from grader.sandbox.probe import USERNS_ID
 
-if TYPE_CHECKING:  # for the annotation only: the manager imports this module (a cycle at run time)
-    from grader.sandbox.manager import SandboxedKernelManager
+if TYPE_CHECKING:  # for the annotation only: the manager imports this module
+    from grader.sandbox.manager import SandboxedKernelManager  # a cycle at run time
 
 INTEGRITY = ROOT / "grader" / "integrity.py"
 OUTPUT_TYPES = ("stream", "display_data", "update_display_data", "execute_result", "error")

@@ -9,8 +9,8 @@ import hashlib
 import inspect
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # for the annotation only: box -> manager -> client would be a cycle at run time
-    from grader.sandbox.box import KernelSandbox
+if TYPE_CHECKING:  # for the annotation only
+    from grader.sandbox.box import KernelSandbox  # box -> manager -> client: a cycle at run time
 
 
 def instrument(kc, sandbox: KernelSandbox) -> None:
