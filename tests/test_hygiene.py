@@ -259,3 +259,25 @@ def test_released_test_cells_are_one_check_call(assignment: str):
                 problems.append(f"{name}: does not import its check from course.checks.{path.stem}")
     assert cells, f"exercises/{assignment} has no test cell"
     assert not problems, f"{assignment}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
+def test_graded_cells_are_named_for_what_they_hold(assignment: str):
+    """Each graded solution cell defines the function or class its grade_id names; each test cell opens with a
+    one-line docstring saying what it checks and holds hidden tests with a judge."""
+    problems = []
+    for path in sorted((nbtools.SOLUTIONS / assignment).glob("*.ipynb")):
+        for cell in nbtools.read(path).cells:
+            meta, name = nbtools.nbgrader_meta(cell), nbtools.grade_id(cell)
+            if cell.cell_type != "code":
+                continue
+            if meta.get("solution") and meta.get("grade") is not True and name in harness.graded_functions(
+                    nbtools.read(path)) and not re.search(rf"^(def|class) {name}\b", cell.source, re.M):
+                problems.append(f"solution cell {name} defines another name")
+            if meta.get("grade") and not meta.get("solution"):
+                first = cell.source.lstrip().splitlines()[0]
+                if not (first.startswith('"""') and first.endswith('"""') and len(first) > 6):
+                    problems.append(f"{name}: not opened by a one-line docstring saying what it checks")
+                if "### BEGIN HIDDEN TESTS" not in cell.source or "### BEGIN JUDGE" not in cell.source:
+                    problems.append(f"{name}: no hidden tests with a judge")
+    assert not problems, f"{assignment}:\n  " + "\n  ".join(problems)
