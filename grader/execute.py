@@ -296,6 +296,9 @@ class GraderExecute(Execute):
             error = _error(ename, f"{self.error_on_timeout.get('evalue', 'timed out')}; the kernel ignored the "
                                   "interrupt and was restarted")
         cell.setdefault("outputs", []).append(error)
+        # Whether the kernel's count for this cell reached us before it died is a race: the same submission would
+        # read In [2] on one run and In [ ] on the next. The cell did not finish, so it has no count.
+        cell.execution_count = None
         self.log.warning("cell %d: %s: %s", index, error.ename, error.evalue)
 
     def _mark_not_run(self, start: int, why: str) -> None:
