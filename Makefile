@@ -22,7 +22,7 @@ GPU_CHECK_OUT ?= reference
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-install test-gpu gpu-check install sandbox browser lint release check grade bench clean
+.PHONY: lab test test-install test-alternatives test-gpu gpu-check install sandbox browser lint release check grade bench clean
 
 install: $(STAMP)
 
@@ -55,8 +55,10 @@ lab: install
 
 # The main suite, then the installed course (test-install) once it passes.
 test: install sandbox browser lint
-	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 --ignore=tests/test_install.py $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 --ignore=tests/test_install.py --ignore=tests/test_alternatives.py \
+	  $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-install
+	@$(MAKE) --no-print-directory test-alternatives
 
 # The course as learners and instructors install it (tests/test_install.py): the learner edition installed by its
 # Colab cell into a fresh environment with another torch release (COURSE_OTHER_TORCH: a wheel or a folder of them,
@@ -66,6 +68,11 @@ test: install sandbox browser lint
 # inputs stay the same.
 test-install: install
 	$(PY) -m pytest -n 0 -rsxX --durations=5 tests/test_install.py $(INSTALL_ARGS)
+
+# Every correct variant of the mutation catalogue through real nbgrader (tests/test_alternatives.py): one long
+# grading batch in two courses side by side, so a session of its own rather than one worker of the main suite's.
+test-alternatives: install
+	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_alternatives.py
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install

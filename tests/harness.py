@@ -200,16 +200,28 @@ if __name__ == "__main__":
 # The unsolved release is not graded here: it runs once, as a learner runs it (tests/test_browser.py, or
 # tests/test_runall.py without a browser), where every test cell must show its ✗ line; in graded mode that same
 # check raises (course.checks.graded), so nbgrader would give it 0.
-_PLANNED: dict[str, list[Variant]] = {}
+Student = tuple[Variant, ...]  # the variants one submission holds, each in place of its function's solution cell
+_PLANNED: dict[str, list[Student]] = {}
 _GRADED: dict[str, dict | BaseException] = {}
 _SCRATCH: list[Path] = []
 _RELEASING = threading.Lock()
 
 
-def plan(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) -> None:
-    """Grade `assignment` (and `variants` of it, as extra students) in the session's first grading batch."""
+def _students(variants) -> list[Student]:
+    """Each of `variants` (a Variant, or a tuple of variants of different functions) as one student's submission."""
+    return [v if isinstance(v, tuple) else (v,) for v in variants]
+
+
+def student_name(student: Variant | Student) -> str:
+    """The nbgrader student id of a submission holding `student`'s variants."""
+    return "variant-" + "__".join(v.name for v in _students([student])[0])
+
+
+def plan(assignment: str, variants=()) -> None:
+    """Grade `assignment` (and `variants` of it, each a Variant or a tuple of variants of different functions, as
+    extra students) in the session's first grading batch."""
     wanted = _PLANNED.setdefault(assignment, [])
-    wanted += [v for v in variants if v not in wanted]
+    wanted += [s for s in _students(variants) if s not in wanted]
 
 
 def _scratch() -> Path:
@@ -239,13 +251,14 @@ def _grade(assignments: list[str]) -> dict[str, dict | BaseException]:
         dest.mkdir(parents=True)
         for nb in (root / "solutions" / assignment).glob("*.ipynb"):
             shutil.copy(nb, dest / nb.name)
-        for v in _PLANNED[assignment]:
-            dest = root / "submitted" / f"variant-{v.name}" / assignment
+        for student in _PLANNED[assignment]:
+            dest = root / "submitted" / student_name(student) / assignment
             dest.mkdir(parents=True, exist_ok=True)
             for notebook in (root / "solutions" / assignment).glob("*.ipynb"):
-                nbformat.write(with_variant(notebook, v), dest / notebook.name)
+                nbformat.write(with_variants(notebook, student), dest / notebook.name)
     try:  # "*": every assignment of this course; a failure names the notebooks nbgrader could not grade
-        nbgrader("autograde", "*", "--create", root=root, timeout=900)
+        students = sum(1 + len(_PLANNED[a]) for a in assignments)
+        nbgrader("autograde", "*", "--create", root=root, timeout=600 + 90 * students)
     except RuntimeError as exc:
         return dict.fromkeys(assignments, exc)
     results: dict[str, dict | BaseException] = {}
@@ -269,17 +282,18 @@ def _shards(assignments: list[str], n: int = 2) -> list[list[str]]:
     return shards
 
 
-def graded(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) -> dict:
+def graded(assignment: str, variants=()) -> dict:
     """nbgrader's verdict on `assignment`: {"root", "released", "scores": {student: {grade_id: (score, max)}}}.
 
-    Students are "solution" and "variant-<name>" for each variant. The first call grades every planned assignment,
-    in two courses side by side; a later call with variants that were not planned grades them in a run of their own.
+    Students are "solution" and `student_name(v)` for each of `variants` (as `plan` takes them). The first call
+    grades every planned assignment, in two courses side by side; a later call with variants that were not planned
+    grades them in a run of their own.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     plan(assignment, variants)
     done = _GRADED.get(assignment)
-    if isinstance(done, dict) and any(v not in done["variants"] for v in variants):
+    if isinstance(done, dict) and any(s not in done["variants"] for s in _students(variants)):
         del _GRADED[assignment]
     todo = [a for a in _PLANNED if a not in _GRADED]
     if todo:
@@ -297,14 +311,15 @@ def graded(assignment: str, variants: list[Variant] | tuple[Variant, ...] = ()) 
     return result
 
 
-def with_variant(notebook: Path, variant: Variant) -> nbformat.NotebookNode:
-    """The solution notebook as a learner would submit it with `variant` written in the function's cell."""
+def with_variants(notebook: Path, variants: Student) -> nbformat.NotebookNode:
+    """The solution notebook as a learner would submit it with each of `variants` written in its function's cell."""
     nb = read(notebook)
-    for cell in nb.cells:
-        if _is_solution(cell) and grade_id(cell) == variant.function:
-            cell.source = variant.source
-            return nb
-    raise KeyError(f"{notebook}: no solution cell with grade_id {variant.function!r}")
+    for variant in variants:
+        cells = [c for c in nb.cells if _is_solution(c) and grade_id(c) == variant.function]
+        if not cells:
+            raise KeyError(f"{notebook}: no solution cell with grade_id {variant.function!r}")
+        cells[0].source = variant.source
+    return nb
 
 
 def named_variant(topic: str, name: str) -> list[Variant]:
@@ -325,7 +340,7 @@ def assert_full_marks(assignment: str, variant: Variant) -> None:
 def autograde_variants(assignment: str, variants: list[Variant]) -> dict[str, dict[str, tuple[float, float]]]:
     """Autograde one submission per variant with real nbgrader; returns {variant name: {grade_id: (score, max)}}."""
     scores = graded(assignment, variants)["scores"]
-    return {v.name: scores[f"variant-{v.name}"] for v in variants}
+    return {v.name: scores[student_name(v)] for v in variants}
 
 
 def check_roundtrip(assignment: str) -> dict[str, tuple[float, float]]:
