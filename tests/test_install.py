@@ -55,13 +55,11 @@ COSTLIEST = ("06-compile", "03-throughput")     # started first, two kernels at 
 # Run with no other kernel beside them: their ranks are processes of their own, and on 2 busy cores beside another
 # kernel the 60-90 s rank timeouts of 08's checks ran out (it passed alone, with the same torch).
 ALONE = ("08-distributed",)
-# Torch releases under which a notebook is known to fail, and how. Course code, not packaging: marked so that the
-# rest of the job stays meaningful, printed by every run (-rxX), and a fix shows as XPASS. 08 with torch 2.13.0+cpu:
-# when one rank raises, its peer hangs until the checks' 60-90 s rank timeouts (4 runs of 5 here; the project's
-# 2.14.1 passed the same notebook on the same machine in the same minutes).
-# Known failures of one torch release, by (notebook, kind): each says what was measured (the lesson says it too).
-KNOWN = {("08-distributed", "solution"): ("2.13.", "with torch 2.13.0 DDP's no_sync() with a registered comm hook "
-                                          "leaves the ranks waiting (08's no_sync lesson cell; 2.14.1 works)")}
+# Known failures of one torch release: {(notebook, kind): (version prefix, what was measured)}, each marked strict
+# xfail so that the rest of the job stays meaningful, printed by every run (-rxX), and a fix shows as XPASS. None at
+# present: 08's no_sync lesson counted all-reduces with a DDP comm hook, which leaves the ranks waiting under torch
+# 2.13.0 (2.14.1 works); it now compares the ranks' gradients instead, which needs no hook.
+KNOWN: dict[tuple[str, str], tuple[str, str]] = {}
 NAMES = sorted({p.parent.name for p in SOLUTIONS.glob("*/*.ipynb")})
 PROBE = """import json as __j, resource as __r, sys as __s, course as __c, torch as __t
 __cpu = sum(u.ru_utime + u.ru_stime for u in map(__r.getrusage, (__r.RUSAGE_SELF, __r.RUSAGE_CHILDREN)))
