@@ -55,8 +55,8 @@ COSTLIEST = ("06-compile", "03-throughput")     # started first, two kernels at 
 # Run with no other kernel beside them: their ranks are processes of their own, and on 2 busy cores beside another
 # kernel the 60-90 s rank timeouts of 08's checks ran out (it passed alone, with the same torch).
 ALONE = ("08-distributed",)
-# Known failures of one torch release: {(notebook, kind): (version prefix, what was measured)}, each marked strict
-# xfail so that the rest of the job stays meaningful, printed by every run (-rxX), and a fix shows as XPASS.
+# Known intermittent failures of one torch release: {(notebook, kind): (version prefix, what was measured)}, marked
+# xfail (not strict: of two runs of 08 under 2.13.0 here, one hung and one passed), printed by every run (-rxX).
 KNOWN = {("08-distributed", "solution"): ("2.13.", "with torch 2.13.0, 08's no_sync lesson cell (DDP no_sync, no comm "
                                           "hook) leaves the ranks waiting when run after the notebook's earlier "
                                           "jobs in the same workers; alone in fresh workers it runs, as does 2.14.1")}
@@ -254,7 +254,7 @@ def solved_run_problems(nb: nbformat.NotebookNode) -> list[str]:
 def test_every_notebook_runs_in_the_installed_course(runs, learner_env, kind, name, request):
     known = KNOWN.get((name, kind))
     if known and learner_env.torch.startswith(known[0]):
-        request.applymarker(pytest.mark.xfail(reason=known[1], strict=True))
+        request.applymarker(pytest.mark.xfail(reason=known[1], strict=False))  # intermittent
     nb, probe, _ = runs[(kind, name)]
     if isinstance(nb, BaseException):
         raise nb
