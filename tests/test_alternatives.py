@@ -2,10 +2,11 @@
 
 tests/test_mutations.py judges each variant in-process, against the notebook's own test cells. This file proves the
 same for the correct variants through real `nbgrader autograde`, where an error or a warning on stderr anywhere in a
-test cell costs its points. Grading each correct variant as a student of its own would take about 40 minutes on two
-cores, so each student here holds one alternative of every function at once: student k of a module has the k-th
-alternative of each function (the solution where a function has fewer), and a module needs as many students as its
-function with the most alternatives. A student that loses points is reported with every alternative it held.
+test cell costs its points. Grading each correct variant as a student of its own would mean 123 students instead of
+52 (about 14 minutes instead of 6 on two cores), so each student here holds one alternative of every function at
+once: student k of a module has the k-th alternative of each function (the solution where a function has fewer), and
+a module needs as many students as its function with the most alternatives. A student that loses points is reported
+with every alternative it held.
 
 The batch is long, so it runs as a pytest session of its own after the main suite (`make test-alternatives`, a step
 of `make test`): inside the main suite it would hold one worker for all of it.
