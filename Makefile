@@ -67,7 +67,7 @@ test: install sandbox browser lint
 # the main suite rather than beside it. The environment is built once into .test-venvs/ (git-ignored) while its
 # inputs stay the same.
 test-install: install
-	$(PY) -m pytest -n 0 -rsxX --durations=5 tests/test_install.py $(INSTALL_ARGS)
+	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_install.py $(INSTALL_ARGS)
 
 # Every correct variant of the mutation catalogue through real nbgrader (tests/test_alternatives.py): one long
 # grading batch in two courses side by side, so a session of its own rather than one worker of the main suite's.

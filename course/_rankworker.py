@@ -3,9 +3,20 @@
 Not taught in a lesson (08-distributed uses it through `course.distributed`). A worker receives a pickled call,
 runs it, destroys a process group the call left initialised (every job starts from a clean process), puts its working
 folder and environment back, and answers with a `RankResult`. Standard library only at import; torch when it runs.
+
+Process groups outlive the call that destroyed them (`keep_destroyed_groups`): with torch 2.13.0 a DDP model freed
+after `dist.destroy_process_group()` (the usual `try: ... finally: dist.destroy_process_group()` of a training
+function, whose DDP model goes when the function returns) froze its process in about one job of four on this
+machine, gloo on CPUs. gdb showed why: the DDP reducer dropped the last reference to the gloo process group, whose
+destructor joined its worker threads while holding Python's GIL, and one of them waited for the GIL. When this loop
+holds the last reference, the group goes through its Python object, which lets the GIL go first. Measured with a
+2-rank DDP job that destroys its group in `finally`: 9 of 40 jobs hung without this, 0 of 240 with it (torch
+2.13.0+cpu); 0 of 100 with torch 2.14.1.
 """
 from __future__ import annotations
 
+import functools
+import gc
 import os
 import pickle
 import sys
@@ -58,6 +69,23 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
+def keep_destroyed_groups(dist: Any, kept: list) -> None:
+    """Make `dist.destroy_process_group` put every group it destroys into `kept` first (see the module's docstring).
+
+    Both names are replaced: the one in `torch.distributed` and the one in `torch.distributed.distributed_c10d`,
+    where a function sent by reference (`from torch.distributed import destroy_process_group`) is looked up."""
+    c10d = dist.distributed_c10d
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        world = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}  # private: every group, each torch
+        kept.extend([group] if group is not None else list(world))
+        return destroy(group)
+
+    c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
+
+
 def serve(fd: int) -> None:
     """The worker's loop: receive a pickled call, run it, send back a RankResult. Runs in the worker process."""
     conn = Connection(fd)
@@ -68,6 +96,8 @@ def serve(fd: int) -> None:
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
     home, base_env = os.getcwd(), dict(os.environ)
+    kept: list = []  # the groups destroyed during the job, released after it (see the module's docstring)
+    keep_destroyed_groups(dist, kept)
     conn.send_bytes(f"ready {time.perf_counter() - started:.3f}".encode())  # the import's time: how busy we are
     while True:
         try:
@@ -97,6 +127,8 @@ def serve(fd: int) -> None:
                 dist.destroy_process_group()  # the next job starts from a clean process
             except Exception:  # noqa: BLE001
                 pass
+        gc.collect()  # a DDP model in a reference cycle goes now, while its group is still kept
+        kept.clear()  # the groups go last, through their Python objects
         os.chdir(home)
         os.environ.clear()
         os.environ.update(base_env)

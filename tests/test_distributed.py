@@ -105,6 +105,31 @@ def test_ranks_report_errors_logs_and_open_groups(group):
     assert [r.value for r in again] == [2, 2], f"the group left open was not destroyed: {_said(again)}"
 
 
+def _destroy_first(rank, how):
+    """A DDP job that destroys its group while its DDP model is alive (its usual `finally`), by one of the names."""
+    import torch.distributed as dist
+    from torch.distributed import destroy_process_group  # by reference: the name in distributed_c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    ddp = DDP(nn.Linear(4, 2))
+    ddp(torch.full((3, 4), rank + 1.0)).sum().backward()  # each rank its own input: equal only if averaged
+    {"default": dist.destroy_process_group, "by reference": destroy_process_group,
+     "group given": lambda: dist.destroy_process_group(dist.group.WORLD)}[how]()
+    return dist.is_initialized(), dist.destroy_process_group.__name__, ddp.module.weight.grad.sum().item()
+
+
+def test_a_group_destroyed_before_its_ddp_model_is_gone_by_every_name(group):
+    """The workers keep a destroyed group until the job's objects are gone (course/_rankworker.py: a torch 2.13.0
+    deadlock); destroying still works, by every name and with the group given, and the next job runs."""
+    for how in ("default", "by reference", "group given"):
+        results = group.run(_destroy_first, how)
+        assert all(r.ok and not r.group_left_initialised for r in results), f"{how}: {_said(results)}"
+        assert [r.value[:2] for r in results] == [(False, "destroy_process_group")] * 2, _said(results)
+        assert results[0].value[2] == results[1].value[2], "DDP averaged the two ranks' gradients"
+    assert [r.value[0] for r in group.run(_whoami)] == [0, 1]
+
+
 def _said(results) -> str:
     return "; ".join(f"rank {r.rank}: {r.error or r.value!r} {r.traceback[-600:]} {r.log[-300:]}" for r in results)
 
