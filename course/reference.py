@@ -1,7 +1,8 @@
 """Figures recorded on real GPUs (the repository's reference/ folder), shown beside the learner's own.
 
 reference/ holds one `<gpu>-<date>.jsonl` per GPU model and date, written by `make gpu-check` (bench/gpu_check.py)
-on a real GPU: the run, its record sheet, and every figure it measured with its topic (the module, "02-transfer"),
+on a real GPU (the learner edition ships a copy inside the package, `course/_reference/`, so that an installed course
+shows them too): the run, its record sheet, and every figure it measured with its topic (the module, "02-transfer"),
 unit and method. Nothing here invents a figure: where no run was recorded, for this topic or for this GPU, `table`
 says so plainly. Introduced in 01-device; every notebook's "your results" cell calls `show`.
 """
@@ -14,7 +15,11 @@ from typing import Any
 
 __all__ = ["REFERENCE", "Run", "runs", "this_gpu", "table", "show"]
 
-REFERENCE = Path(__file__).resolve().parent.parent / "reference"
+_HERE = Path(__file__).resolve().parent
+PACKAGED = "_reference"  # where the learner edition puts reference/'s files, inside the package (grader.publish)
+# An installed course (Colab's `pip install git+URL`) has no repository around it: it reads its packaged copy. The
+# source tree reads reference/, where `make gpu-check` writes.
+REFERENCE = _HERE / PACKAGED if (_HERE / PACKAGED).is_dir() else _HERE.parent / "reference"
 
 
 @dataclass(frozen=True)

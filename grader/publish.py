@@ -4,7 +4,8 @@
   (run by `make release`) writes it into every solution notebook: the Colab badge of the first markdown cell and
   `COURSE_REPO = "..."` in the first code cell (the Colab install). nbgrader copies both into exercises/.
 - publish OUT [--repo-url URL]: the tree that learners get, ready to be pushed as its own public repository:
-  exercises/ (generated fresh from solutions/ by nbgrader, stamped with URL), course/, and for learners a README,
+  exercises/ (generated fresh from solutions/ by nbgrader, stamped with URL), course/ (with reference/'s recorded
+  GPU runs inside it, course/_reference/), and for learners a README,
   pyproject.toml (packaging `course` only), environment.yml, Makefile (`make lab`) and constraints.txt. No
   solutions/, grader/, tests/ or bench/. Before anything is written to OUT the tree is checked (`verify`): no
   solution line or hidden test in any file (grader.release.find_leaks), every badge and first cell on URL, no
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 
+from course import reference
 from grader import edition
 from grader.nbtools import ROOT, SOLUTIONS, assignments, grade_id, read
 from grader.release import find_leaks, generate, leaks
@@ -39,6 +41,9 @@ _URL = re.compile(r"^(https?|file|ssh|git)://[^\s\"'<>()]+$")
 _GITHUB = re.compile(r"^https://github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
 LEFT_OUT = ("solutions", "grader", "tests", "bench")
 TEXT_SUFFIXES = (".py", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".ipynb", "")
+PACKAGED_README = ("# Recorded GPU runs\n\nThe runs `make gpu-check` recorded on real GPUs, copied from the course "
+                   "repository's reference/ when this edition was published. `course.reference` reads them; where "
+                   "there are none, the notebooks say that no figures were recorded yet.\n")
 NOT_SHIPPED = ("__pycache__", "*.pyc", ".ipynb_checkpoints")   # made by running the code: never published
 
 
@@ -223,6 +228,13 @@ def write_library(stage: Path, url: str) -> None:
     """The installable part of the learner edition for `url` into `stage`: course/ and the learner's files (README,
     pyproject.toml, ...). Everything `pip install` reads is here, without the notebooks."""
     shutil.copytree(ROOT / "course", stage / "course", ignore=shutil.ignore_patterns(*NOT_SHIPPED))
+    # the recorded GPU runs (what course.reference reads) go inside the package: an installed course has no
+    # reference/ beside it
+    packaged = stage / "course" / reference.PACKAGED
+    packaged.mkdir()
+    (packaged / "README.md").write_text(PACKAGED_README)  # never an empty folder, which git would drop
+    for run in sorted(reference.REFERENCE.glob("*.jsonl")):
+        shutil.copy2(run, packaged / run.name)
     for name, text in _learner_files(url).items():
         (stage / name).write_text(text)
 

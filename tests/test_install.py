@@ -86,9 +86,10 @@ if __name__ == "__main__":
         print(json.dumps([[r.error for r in group.run(job) if not r.ok] for _ in range(JOBS)]))
 """
 
-INSTALLED = """import json, importlib.util as u, course, course.simgpu, course.checks, torch
+INSTALLED = """import json, importlib.util as u, course, course.simgpu, course.checks, course.reference as r, torch
 print(json.dumps({"course": course.__file__, "simgpu": course.simgpu.__file__, "torch": torch.__version__,
-                  "torchvision": bool(u.find_spec("torchvision")), "grader": bool(u.find_spec("grader"))}))"""
+                  "torchvision": bool(u.find_spec("torchvision")), "grader": bool(u.find_spec("grader")),
+                  "reference": str(r.REFERENCE) if r.REFERENCE.is_dir() else None}))"""
 
 
 def _other_torch() -> tuple[Path | None, str]:
@@ -183,8 +184,9 @@ def installed(learner_env, published, tmp_path_factory) -> dict:
 
 
 def test_the_colab_cell_installs_every_subpackage_into_the_fresh_environment(learner_env, installed):
-    for name in ("course", "simgpu"):
-        assert Path(installed[name]).is_relative_to(learner_env.site), f"{name} not from the install: {installed}"
+    for name in ("course", "simgpu", "reference"):     # reference: the recorded GPU runs, packaged with the course
+        assert installed[name] and Path(installed[name]).is_relative_to(learner_env.site), \
+            f"{name} not from the install: {installed}"
     assert installed["torch"] == learner_env.torch, "the cell installed no torch of its own (--no-deps)"
     assert not installed["grader"], "the learner edition carries no grader"
     if learner_env.other:           # (the project's environment, borrowed otherwise, has torchvision)

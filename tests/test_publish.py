@@ -27,8 +27,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course import reference
 from grader import publish as pub
-from grader.nbtools import EXERCISES, SOLUTIONS, assignments, grade_id, read
+from grader.nbtools import EXERCISES, ROOT, SOLUTIONS, assignments, grade_id, read
 from tests.mutations import solution_cell
 from tests.wheels import commit_all
 
@@ -108,6 +109,9 @@ def test_publish_writes_the_learner_edition_and_nothing_else(published):
          "pyproject.toml"])
     assert sorted(p.name for p in (out / "exercises").iterdir()) == names
     assert (out / "course" / "__init__.py").is_file() and not list(out.rglob("__pycache__"))
+    packaged = out / "course" / reference.PACKAGED       # the recorded GPU runs, inside the package
+    assert packaged.is_dir() and sorted(p.name for p in packaged.iterdir()) == sorted(
+        ["README.md", *(p.name for p in (ROOT / "reference").glob("*.jsonl"))])
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         text = path.read_text()
         assert not any(mark in text for mark in FORBIDDEN), path
