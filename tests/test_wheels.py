@@ -1,7 +1,8 @@
 """What the wheels hold: every file of the tree, so that an install is the source tree (pyproject.toml's packaging).
 
 - The instructor's wheel (`pip install .`) holds every file under course/ and grader/ (course/simgpu/,
-  grader/sandbox/, ...), and nothing else; the learner edition's wheel (grader/publish.py) every file under course/.
+  grader/sandbox/, ...), and nothing else; the learner edition's wheel (grader/publish.py) every file under course/
+  and the recorded GPU runs of reference/ (course/_reference/).
 - A new subpackage, a data file and a data-only folder planted in a copy of the tree ship without a change to the
   packaging; the same tree packaged the old way (`packages = ["course", "grader"]`) leaves out every file the check
   must then name: the check can fail.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from course import reference
 from grader import publish as pub
 from grader.nbtools import ROOT
 from tests.wheels import build_wheel, copy_project, tree_files, wheel_files
@@ -50,7 +52,9 @@ def test_the_learner_wheel_holds_every_file_of_course_and_no_grader(tmp_path):
     wheel = build_wheel(stage, tmp_path / "dist")
     missing, extra = _differences(wheel, ROOT, ("course",))
     assert not missing, f"the learner wheel lacks {sorted(missing)}: see grader/edition.py's packaging()"
-    assert not extra, f"the learner wheel holds more than course/: {sorted(extra)}"
+    packaged = {f"course/{reference.PACKAGED}/{name}" for name in
+                ["README.md", *(p.name for p in (ROOT / "reference").glob("*.jsonl"))]}  # reference/'s runs
+    assert extra == packaged, f"the learner wheel holds more than course/ and the recorded runs: {sorted(extra)}"
 
 
 def test_a_new_subpackage_and_data_files_ship_without_a_packaging_change(tmp_path):
