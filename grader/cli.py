@@ -74,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: nbgrader_config.py)")
         p.add_argument("--notebook-timeout", type=int, default=defaults.notebook_timeout,
                        help=f"seconds per notebook (default {defaults.notebook_timeout})")
+        p.add_argument("--answer-timeout", type=int, default=0, help="seconds for an answer cell, which holds "
+                       "definitions: a training run left in one is stopped sooner (default: the cell timeout)")
         p.add_argument("--memory", default="", help="memory per kernel, e.g. 4G, 1.5GiB or 512M (default: 80%% of "
                        "RAM / jobs)")
         p.add_argument("--max-file-size", default="1G", help="bytes a notebook may write (default 1G)")
@@ -82,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--force", action="store_true", help="grade again what is already graded")
         p.add_argument("--no-compile-cache", action="store_true", help="do not warm torch.compile's cache first "
                        "(every kernel then compiles from scratch)")
+        p.add_argument("--run-lessons", action="store_true", help="run every lesson code cell, as plain nbgrader "
+                       "does (by default those that no answer or test needs are left out; see grader/lessons.py)")
         p.add_argument("--cluster", default="", metavar="tcp://HOST:8786", help="grade on the workers of this Dask "
                        "scheduler instead of local processes (needs the `cluster` extra; see the README)")
 
@@ -100,9 +104,10 @@ def _autograde(args) -> int:
     if not args.submissions.is_dir():
         raise SystemExit(f"{args.submissions} is not a folder")
     options = Options(jobs=max(1, args.jobs), cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
+                      answer_timeout=args.answer_timeout,
                       memory=parse_size(args.memory) if args.memory else 0,
                       file_size=parse_size(args.max_file_size), transport=args.transport, force=args.force,
-                      compile_cache=not args.no_compile_cache, cluster=args.cluster,
+                      compile_cache=not args.no_compile_cache, cluster=args.cluster, run_lessons=args.run_lessons,
                       students=args.student, assignments=args.assignment)
     pool = start_workers(args.submissions, _out(args), options)       # first: they take seconds to start
     ws = Workspace(_out(args))

@@ -2,8 +2,10 @@
 its scope. Standard library only, and it imports nothing from the grader: every module (the worker, the report, the
 feedback page, the kernel-side judgement) can import it without a cycle.
 
-A code's value is the short stable string that appears in `tests.csv`, `grades.csv` and `summary.md`. Its scope says
-where it belongs:
+A code's value is the short stable string that appears in `tests.csv`, `grades.csv` and `summary.md`. Its `mark`,
+where it has one, is the error name the grader writes into an executed cell when that happened there (an ordinary
+error output, so nbgrader scores the cell 0): grader.execute and grader.judge write it, grader.outcome reads it back
+(`Code.marked`). Its scope says where it belongs:
 
 - `Scope.TEST`: about one cell; a note with this code whose cell is a test cell joins that test's reason in
   `tests.csv` (and is also listed once at the top of the feedback page);
@@ -23,18 +25,25 @@ class Scope(str, Enum):
 
 
 class Code(str, Enum):
-    """A note code: `.value` (the string in the CSVs), `.scope`, `.text` (one sentence for the learner)."""
+    """A note code: `.value` (the string in the CSVs), `.scope`, `.text` (one sentence for the learner), `.mark`
+    (the error name of the cell it happened in, or "")."""
 
     scope: Scope
     text: str
+    mark: str
 
-    def __new__(cls, value: str, scope: Scope, text: str) -> Code:
+    def __new__(cls, value: str, scope: Scope, text: str, mark: str = "") -> Code:
         member = str.__new__(cls, value)
-        member._value_, member.scope, member.text = value, scope, text
+        member._value_, member.scope, member.text, member.mark = value, scope, text, mark
         return member
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def marked(cls, ename: str) -> Code | None:
+        """The code whose mark is the error name `ename`, or None (an error the student's code raised)."""
+        return next((code for code in cls if code.mark and code.mark == ename), None)
 
     # ---- intake (grader/intake.py): what was wrong with the files
     RENAMED = ("renamed", Scope.SUBMISSION,
@@ -70,24 +79,33 @@ class Code(str, Enum):
     # ---- while the notebook ran (grader/outcome.py reads them from the executed notebook)
     MEMORY_LIMIT = ("memory-limit", Scope.SUBMISSION,
                     "Your code used more memory than the grader allows: that cell stopped there. The cells before it "
-                    "keep their points.")
+                    "keep their points.",
+                    "MemoryLimit")
     CPU_LIMIT = ("cpu-limit", Scope.SUBMISSION,
                  "Your code used more CPU time than the grader allows: the notebook was stopped in that cell. The "
-                 "cells before it keep their points.")
+                 "cells before it keep their points.",
+                 "CPULimit")
     PROCESS_LIMIT = ("process-limit", Scope.SUBMISSION,
                      "Your code started more processes or threads than the grader allows: the notebook was stopped "
-                     "in that cell. The cells before it keep their points.")
+                     "in that cell. The cells before it keep their points.",
+                     "ProcessLimit")
     OUTPUT_LIMIT = ("output-limit", Scope.SUBMISSION,
                     "Your notebook printed more output than the grader allows: it was stopped in that cell. The "
-                    "cells before it keep their points.")
+                    "cells before it keep their points.",
+                    "OutputLimit")
     DISK_LIMIT = ("disk-limit", Scope.SUBMISSION,
-                  "Your notebook wrote more data to disk than the grader allows: it was stopped in that cell.")
-    CELL_TIMEOUT = ("cell-timeout", Scope.TEST, "A cell ran longer than its time limit and was stopped.")
+                  "Your notebook wrote more data to disk than the grader allows: it was stopped in that cell.",
+                  "DiskLimit")
+    CELL_TIMEOUT = ("cell-timeout", Scope.TEST, "A cell ran longer than its time limit and was stopped.",
+                    "CellTimeoutError")
     NOTEBOOK_TIMEOUT = ("notebook-timeout", Scope.TEST,
-                        "The notebook ran longer than its time limit; the cells after that were not run.")
+                        "The notebook ran longer than its time limit; the cells after that were not run.",
+                        "NotebookTimeout")
     KERNEL_DIED = ("kernel-died", Scope.TEST,
-                   "Python crashed while a cell ran; we restarted it and went on with the next cell.")
-    NOT_RUN = ("not-run", Scope.SUBMISSION, "Some cells were not run (see below).")
+                   "Python crashed while a cell ran; we restarted it and went on with the next cell.",
+                   "KernelDied")
+    NOT_RUN = ("not-run", Scope.SUBMISSION, "Some cells were not run (see below).",
+               "NotRun")
     SYSTEM_EXIT = ("system-exit", Scope.TEST, "A cell called exit() or sys.exit(); we went on with the next cell.")
     OUTPUT_TRUNCATED = ("output-truncated", Scope.TEST, "A cell printed a lot; its output was cut short.")
     # ---- after the run (grader/worker.py, grader/grade.py)
@@ -98,7 +116,8 @@ class Code(str, Enum):
                  "Ask your instructor.")
     REVIEW = ("review", Scope.SUBMISSION,
               "Your submission is held for review: the grader found an operation that interferes with grading. Its "
-              "points are held (0) until an instructor has looked at it.")
+              "points are held (0) until an instructor has looked at it.",
+              "HeldForReview")
     ADDED_CELLS = ("added-cells", Scope.SUBMISSION,
                    "Cells you added were not run by the grader; scratch cells are for you. This costs nothing.")
     GRADER_ERROR = ("grader-error", Scope.SUBMISSION,

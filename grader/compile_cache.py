@@ -27,6 +27,7 @@ from pathlib import Path
 
 import nbformat
 
+from grader import lessons
 from grader.execute import GraderExecute
 from grader.nbconfig import course_config
 from grader.sandbox.layers import layer
@@ -125,13 +126,17 @@ class Warming:
 
 def run_in_sandbox(notebook: Path, *, threads: int, memory: int, export: Path | None = None,
                    warm: Path | None = None) -> None:
-    """Execute `notebook` in its folder as autograde would (sandboxed kernel, NBGRADER_EXECUTION=autograde),
-    starting from the `warm` cache and keeping its compile cache in `export`."""
+    """Execute `notebook` in its folder as autograde would (sandboxed kernel, NBGRADER_EXECUTION=autograde, the
+    lesson code cells left out where grading leaves them out), starting from the `warm` cache and keeping its
+    compile cache in `export`."""
     config = course_config(notebook.parent, memory=memory, threads=threads, sandbox=True,
                            compile_cache=str(warm or ""))
     if export is not None:
         config.SandboxedKernelManager.compile_cache_export = str(export)
     nb = nbformat.read(notebook, as_version=4)
+    left_out = lessons.lesson_cells(nb)
+    if not lessons.decide(nb, left_out):
+        nb.cells = [c for i, c in enumerate(nb.cells) if i not in left_out]
     before = os.environ.get("NBGRADER_EXECUTION")
     os.environ["NBGRADER_EXECUTION"] = "autograde"     # the same code paths as the students' kernels
     try:

@@ -13,7 +13,8 @@ nbgrader does (same timeouts, errors allowed, same outputs), and adds:
 
 - grades decided outside the kernel (issue #21's design): the notebook that runs is the source's cells with the
   student's answers in place (`grader.trusted`: cells a student added or changed are kept for the feedback but not
-  run); each test cell runs without its judges, which then decide here from the probes' observations
+  run; nor are the lesson code cells that no graded cell reads from, `grader.lessons`); each test cell runs without
+  its judges, which then decide here from the probes' observations
   (`grader.judge`), and the verdict replaces the cell's outputs before nbgrader reads them;
 - a submission whose answers use an operation that interferes with grading (`grader.scan`, or the kernel's audit
   hook, `grader/integrity.py`) is held for review: every test cell gets a `HeldForReview` error that names the
@@ -35,34 +36,33 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import Execute
-from traitlets import Integer
+from traitlets import Bool, Integer
 
-from grader import judge, scan, trusted
+from grader import judge, lessons, scan, trusted
+from grader.codes import Code
 from grader.nbtools import grade_id, nbgrader_meta, read
 
-KERNEL_DIED = "KernelDied"
-NOT_RUN = "NotRun"
-NOTEBOOK_TIMEOUT = "NotebookTimeout"
-CELL_TIMEOUT = "CellTimeoutError"      # nbgrader's own name for a cell timeout
 OUTPUT_CUT = "[grader] output cut"
-# the sandbox stopped the kernel at one of its limits (grader.limits.LIMIT_KINDS): the error name of the cell
-LIMIT_ERRORS = {"memory": "MemoryLimit", "cpu": "CPULimit", "processes": "ProcessLimit", "output": "OutputLimit",
-                "disk": "DiskLimit"}
-START_FAILURES: list[str] = []         # nbgrader swallows exceptions: the worker looks here to tell ours apart
+# the sandbox stopped the kernel at one of its limits (grader.limits.LIMIT_KINDS): the code whose mark the cell gets
+LIMITS = {"memory": Code.MEMORY_LIMIT, "cpu": Code.CPU_LIMIT, "processes": Code.PROCESS_LIMIT,
+          "output": Code.OUTPUT_LIMIT, "disk": Code.DISK_LIMIT}
 
 
 class KernelStartError(RuntimeError):
     """No kernel could be started (a memory limit too low, a broken environment): a grader problem, not a student's.
 
-    The worker treats it as a failure to grade (nothing is scored), so the instructor sees it and can run again."""
+    The worker treats it as a failure to grade (nothing is scored), so the instructor sees it and can run again;
+    nbgrader's converters log and swallow what a preprocessor raises, so the worker's converter keeps it
+    (grader.worker)."""
 
 
 class KernelExit(Exception):
     """The cell called exit() or quit(): the kernel shuts down after it, as in Jupyter."""
 
 
-def _error(ename: str, evalue: str):
-    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+def _error(code: Code, evalue: str):
+    """The error output that marks a cell with `code` (its mark as the error name)."""
+    return new_output("error", ename=code.mark, evalue=evalue, traceback=[f"{code.mark}: {evalue}"])
 
 
 def describe_exit(status: int | None) -> str:
@@ -85,6 +85,10 @@ class GraderExecute(Execute):
     notebook_timeout = Integer(0, help="Seconds for the whole notebook; 0 for no limit.").tag(config=True)
     max_kernel_restarts = Integer(2, help="Kernel deaths survived per notebook.").tag(config=True)
     max_output_bytes = Integer(2_000_000, help="Output kept per cell while it runs.").tag(config=True)
+    answer_timeout = Integer(0, help="Seconds for an answer cell (definitions take milliseconds; a training run left "
+                             "in one is stopped sooner); 0 for the cell timeout.").tag(config=True)
+    run_lessons = Bool(False, help="Run the lesson code cells even where no graded cell needs them (grader.lessons)."
+                       ).tag(config=True)
 
     _deadline: float | None = None
     _output_bytes = 0
@@ -131,6 +135,7 @@ class GraderExecute(Execute):
             plan = trusted.rebuild(nb, source)
             nb, self._not_run = plan.notebook, plan.not_run
             nb.metadata.setdefault("grader", {})["not_run"] = plan.added
+            self._leave_out_lessons(nb, plan.lessons)
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code" and nbgrader_meta(cell).get("grade") and not nbgrader_meta(cell).get(
                     "solution"):
@@ -143,6 +148,18 @@ class GraderExecute(Execute):
                             "answers": {grade_id(c): c.source for c in nb.cells
                                         if c.cell_type == "code" and nbgrader_meta(c).get("solution")}}
         return nb, [str(f) for f in scan.scan(nb)]
+
+    def _leave_out_lessons(self, nb, indices: set[int]) -> None:
+        """Mark the lesson code cells not run when no graded cell needs them (grader.lessons); the notebook's
+        grader metadata says which way it went and why."""
+        why = "--run-lessons" if self.run_lessons else lessons.decide(nb, indices, self._not_run)
+        nb.metadata["grader"]["lessons"] = f"run: {why}" if why else "left out"
+        if why:
+            return
+        for index in indices:
+            nb.cells[index].outputs = [new_output("stream", name="stdout", text=lessons.TEXT)]
+            nb.cells[index].execution_count = None
+            self._not_run.add(index)
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -173,8 +190,7 @@ class GraderExecute(Execute):
             setup = self.setup_kernel()
             setup.__enter__()
         except Exception as exc:
-            START_FAILURES.append(f"the grading kernel did not start: {type(exc).__name__}: {exc}")
-            raise KernelStartError(START_FAILURES[-1]) from exc
+            raise KernelStartError(f"the grading kernel did not start: {type(exc).__name__}: {exc}") from exc
         with contextlib.ExitStack() as stack:
             stack.push(setup)
             info = self.wait_for_reply(self.kc.kernel_info())
@@ -248,13 +264,19 @@ class GraderExecute(Execute):
         timeout = super()._get_timeout(cell)
         if cell is None:
             return timeout
+        what = f"the cell ran longer than its {timeout} s time limit"
+        if self.answer_timeout and nbgrader_meta(cell).get("solution") and (
+                timeout is None or self.answer_timeout < timeout):
+            timeout = self.answer_timeout
+            what = f"the answer cell ran longer than its {timeout} s time limit (an answer cell holds definitions)"
         left = self._time_left()
         if timeout is None or left < timeout:
-            self.error_on_timeout = {"ename": NOTEBOOK_TIMEOUT, "traceback": [f"{NOTEBOOK_TIMEOUT}: interrupted"],
+            mark = Code.NOTEBOOK_TIMEOUT.mark
+            self.error_on_timeout = {"ename": mark, "traceback": [f"{mark}: interrupted"],
                                      "evalue": f"the notebook reached its {self.notebook_timeout} s time limit"}
             return max(left, 0.1)
-        self.error_on_timeout = {"ename": CELL_TIMEOUT, "traceback": [f"{CELL_TIMEOUT}: interrupted"],
-                                 "evalue": f"the cell ran longer than its {timeout} s time limit"}
+        mark = Code.CELL_TIMEOUT.mark
+        self.error_on_timeout = {"ename": mark, "traceback": [f"{mark}: interrupted"], "evalue": what}
         return timeout
 
     def output(self, outs, msg, display_id, cell_index):
@@ -285,15 +307,15 @@ class GraderExecute(Execute):
                     status = process.poll()
             limit = self.km.sandbox_limit() if hasattr(self.km, "sandbox_limit") else None
             if limit:
-                error = _error(LIMIT_ERRORS.get(limit["kind"], KERNEL_DIED),
+                error = _error(LIMITS.get(limit["kind"], Code.KERNEL_DIED),
                                f"the kernel was stopped in this cell: {limit['reason']}")
             else:
-                error = _error(KERNEL_DIED, f"{describe_exit(status)} while this cell ran")
+                error = _error(Code.KERNEL_DIED, f"{describe_exit(status)} while this cell ran")
         elif isinstance(exc, KernelExit):
-            error = _error(KERNEL_DIED, "exit() ended the kernel in this cell")
+            error = _error(Code.KERNEL_DIED, "exit() ended the kernel in this cell")
         else:
-            ename = self.error_on_timeout.get("ename", CELL_TIMEOUT)
-            error = _error(ename, f"{self.error_on_timeout.get('evalue', 'timed out')}; the kernel ignored the "
+            code = Code.marked(self.error_on_timeout.get("ename", "")) or Code.CELL_TIMEOUT
+            error = _error(code, f"{self.error_on_timeout.get('evalue', 'timed out')}; the kernel ignored the "
                                   "interrupt and was restarted")
         cell.setdefault("outputs", []).append(error)
         # Whether the kernel's count for this cell reached us before it died is a race: the same submission would
@@ -304,5 +326,5 @@ class GraderExecute(Execute):
     def _mark_not_run(self, start: int, why: str) -> None:
         for index, cell in enumerate(self.nb.cells[start:], start):
             if cell.cell_type == "code" and cell.source.strip() and index not in self._not_run:
-                cell.outputs = [_error(NOT_RUN, f"not run: {why}")]
+                cell.outputs = [_error(Code.NOT_RUN, f"not run: {why}")]
                 cell.execution_count = None

@@ -40,11 +40,13 @@ class Options:
     jobs: int = field(default_factory=cores)
     cell_timeout: int | None = None          # None: nbgrader_config.py's Execute.timeout
     notebook_timeout: int = 1800
+    answer_timeout: int = 0                  # seconds for an answer cell; 0: the cell timeout
     memory: int = 0                          # bytes per kernel; 0: 80% of RAM shared among the jobs
     file_size: int = GiB                     # bytes a kernel may write (its largest file; in the sandbox, in all)
     transport: str = "tcp"
     force: bool = False
     compile_cache: bool = True               # warm torch.compile's cache once per run (grader.compile_cache)
+    run_lessons: bool = False                # run every lesson code cell, needed or not (grader.lessons)
     cluster: str = ""                        # a Dask scheduler's address (grader.cluster); "" for the local pool
     students: list[str] | None = None
     assignments: list[str] | None = None
@@ -228,7 +230,9 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
                                memory=options.kernel_memory(), file_size=options.file_size,
                                threads=options.threads(), transport=options.transport,
                                cell_timeout=options.cell_timeout, notebook_timeout=options.notebook_timeout,
+                               answer_timeout=options.answer_timeout,
                                compile_cache=warming.cache_for(unit.assignment) if warming else "",
+                               run_lessons=options.run_lessons,
                                sandbox=policy, expect=expect)))
     notebooks = max((len(list((source_root / u.assignment).glob("*.ipynb"))) for u in todo), default=1)
     limit = notebooks * (options.notebook_timeout + 120) + 120

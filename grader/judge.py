@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from nbformat.v4 import new_output
 
 from course import observe
+from grader.codes import Code
 
 BEGIN, END = "### BEGIN JUDGE", "### END JUDGE"
-HELD = "HeldForReview"
+HELD = Code.REVIEW.mark          # the error name of a held cell
 UNJUDGED = "TestDidNotFinish"
 UNREADABLE = "\0unreadable:"   # run()'s mark for observations that no probe could have sent (decide holds them)
 _JUDGE = re.compile(r"^__judge_(\w+)$")

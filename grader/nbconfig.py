@@ -19,14 +19,17 @@ from grader.sandbox import SandboxedKernelManager
 from grader.workspace import base_config
 
 
-def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeout: int = 0, memory: int = 0,
+def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeout: int = 0, answer_timeout: int = 0,
+                  memory: int = 0,
                   file_size: int = 0, threads: int = 0, transport: str = "tcp", kernel_paths: dict | None = None,
-                  sandbox: bool = False, compile_cache: str = "", sandbox_policy: str = "") -> Config:
+                  sandbox: bool = False, compile_cache: str = "", sandbox_policy: str = "",
+                  run_lessons: bool = False) -> Config:
     """nbgrader configuration for the course at `root`, with the grader's executor and kernel manager.
 
     `kernel_paths` may set GraderKernelManager's runtime_dir, tmp_dir, pid_dir and log_path. With `sandbox`, student
     kernels run in the bubblewrap sandbox (grader/sandbox/), starting from the warm `compile_cache` when given;
-    `sandbox_policy` ("auto", "require", "off"; "" for GRADER_SANDBOX's) is the sandbox's policy.
+    `sandbox_policy` ("auto", "require", "off"; "" for GRADER_SANDBOX's) is the sandbox's policy; `run_lessons`
+    runs the lesson code cells that no graded cell needs (grader.lessons) too.
     """
     config = base_config(root)
     config.Autograde.autograde_preprocessors = [
@@ -36,6 +39,8 @@ def course_config(root: Path, *, cell_timeout: int | None = None, notebook_timeo
     if cell_timeout:
         config.Execute.timeout = int(cell_timeout)
     config.GraderExecute.notebook_timeout = int(notebook_timeout)
+    config.GraderExecute.answer_timeout = int(answer_timeout)
+    config.GraderExecute.run_lessons = bool(run_lessons)
     manager = config.GraderKernelManager
     manager.memory_limit, manager.file_size_limit, manager.threads = int(memory), int(file_size), int(threads)
     manager.transport = transport

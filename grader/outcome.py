@@ -4,12 +4,14 @@ every lost point, and the notes (`grader.verdict.Note`) for what went wrong whil
 Scores come from nbgrader (the scratch gradebook); reasons come from the executed notebook's error outputs and from
 the intake notes. The error names the grader reads, and the code each stands for:
 
-- grader.execute's marks: CellTimeoutError (cell-timeout), NotebookTimeout (notebook-timeout), KernelDied
-  (kernel-died), NotRun (not-run), and one per sandbox limit (MemoryLimit, CPULimit, ... -> memory-limit, ...);
+- the grader's marks (`Code.mark`, written by grader.execute): CellTimeoutError (cell-timeout), NotebookTimeout
+  (notebook-timeout), KernelDied (kernel-died), NotRun (not-run), and one per sandbox limit (MemoryLimit, CPULimit,
+  ... -> memory-limit, ...);
 - MemoryError or an out-of-memory message (memory-limit), a thread that could not start (process-limit),
   SystemExit (system-exit), the output-cut marks (output-truncated);
-- HeldForReview (review): the kernel-side judgement held the cell; its evalue is the reason (operation, cell, line),
-  the row's status is `held`, its reason `HeldForReview: <reason>`, and it scores 0 until an instructor reviews it;
+- HeldForReview (review, grader.judge's mark): the judgement held the cell; its evalue is the reason (operation,
+  cell, line), the row's status is `held`, its reason `HeldForReview: <reason>`, and it scores 0 until an
+  instructor reviews it;
 - NotWrittenInNotebook (grader/integrity.py): a graded name holds imported code; its evalue is the reason;
 - any other error, such as a check's or a judge's AssertionError ("✗ what. Fix: how"): `ename: evalue`.
 """
@@ -20,18 +22,14 @@ import re
 import nbformat
 
 from grader.codes import Code, Scope, status_of
-from grader.execute import CELL_TIMEOUT, KERNEL_DIED, LIMIT_ERRORS, NOT_RUN, NOTEBOOK_TIMEOUT, OUTPUT_CUT
+from grader.execute import OUTPUT_CUT
 from grader.limits import NO_MORE_PROCESSES, GiB, out_of_memory
 from grader.nbtools import grade_id, nbgrader_meta
 from grader.verdict import Note, Row
 
-HELD = "HeldForReview"              # the judge held this cell for review; its evalue is the reason
+HELD = Code.REVIEW.mark             # the judge held this cell for review; its evalue is the reason
 NOT_OWN = "NotWrittenInNotebook"    # grader/integrity.py: a graded name holds imported code; its text is the reason
-INCIDENTS = {CELL_TIMEOUT: Code.CELL_TIMEOUT, NOTEBOOK_TIMEOUT: Code.NOTEBOOK_TIMEOUT, KERNEL_DIED: Code.KERNEL_DIED,
-             NOT_RUN: Code.NOT_RUN, "MemoryError": Code.MEMORY_LIMIT, "SystemExit": Code.SYSTEM_EXIT,
-             HELD: Code.REVIEW,
-             **{ename: Code(("process" if kind == "processes" else kind) + "-limit")
-                for kind, ename in LIMIT_ERRORS.items()}}
+PYTHON_ERRORS = {"MemoryError": Code.MEMORY_LIMIT, "SystemExit": Code.SYSTEM_EXIT}   # Python's own, explained
 OUTPUT_MARKS = (OUTPUT_CUT, "... Output truncated ...")     # ours while running, nbgrader's LimitOutput after
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -51,8 +49,9 @@ def _errors(cell) -> list:
 def _incident(error) -> Code | None:
     """The note code of an error output the grader explains (a limit, a timeout, a dead kernel...), else None."""
     ename, evalue = error.get("ename", ""), error.get("evalue", "")
-    if ename in INCIDENTS:
-        return INCIDENTS[ename]
+    code = Code.marked(ename) or PYTHON_ERRORS.get(ename)
+    if code:
+        return code
     if out_of_memory(ename, evalue):
         return Code.MEMORY_LIMIT
     return Code.PROCESS_LIMIT if NO_MORE_PROCESSES.search(evalue) else None
@@ -62,7 +61,7 @@ def cell_failure(cell) -> str:
     """Why a graded code cell lost points, from its outputs ('' when nothing shows): the check's own "✗ ... Fix: ..."
     line or the exception, one line."""
     errors = _errors(cell)
-    ours = [e for e in errors if e.get("ename") in INCIDENTS and e.get("ename") != "MemoryError"]
+    ours = [e for e in errors if Code.marked(e.get("ename", "")) or e.get("ename") == "SystemExit"]
     for error in ours or errors:
         value = _clean(error.get("evalue", ""), limit=300 if error.get("ename") in (NOT_OWN, HELD) else 160)
         if error.get("ename") == NOT_OWN:

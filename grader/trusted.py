@@ -5,7 +5,8 @@ The notebook the grading kernel runs has the source's cells in the source's orde
 (lesson text, lesson code, setup, test cells) as the source has it, and in place of each solution cell the student's
 cell of that grade_id (their answer). Cells the student added, and lesson cells they changed, stay in the notebook
 where they were, for their feedback, but they are not run: they carry one stdout line that says so. A learner's
-scratch cells are for the learner; nothing in them can change a grade.
+scratch cells are for the learner; nothing in them can change a grade. `Plan.lessons` lists the lesson code cells,
+which grader.execute leaves out too where no graded cell reads from them (grader.lessons).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class Plan:
     notebook: nbformat.NotebookNode
     not_run: set[int] = field(default_factory=set)     # indices of cells kept for the feedback but never executed
     added: int = 0                                     # student code cells that are not the lesson's own
+    lessons: set[int] = field(default_factory=set)     # indices of the lesson's own code cells (no grade_id)
 
 
 def _key(cell) -> tuple[str, str]:
@@ -56,7 +58,7 @@ def rebuild(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode) -> 
             position = max(position, plain_index[_key(cell)])
         elif cell.source.strip():
             anchors.setdefault(position, []).append(cell)
-    cells, not_run, added, ids = [], set(), 0, set()
+    cells, not_run, added, ids, lessons = [], set(), 0, set(), set()
 
     def place(cell, run: bool) -> None:
         nonlocal added
@@ -84,9 +86,11 @@ def rebuild(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode) -> 
         if chosen.cell_type == "code" and chosen is cell:
             chosen = copy.deepcopy(cell)
             chosen.outputs, chosen.execution_count = [], None
+            if not gid:
+                lessons.add(len(cells))
         place(chosen, run=True)
         for extra in anchors.get(i, []):
             place(extra, run=False)
     notebook = copy.deepcopy(submitted)
     notebook.cells = cells
-    return Plan(notebook, not_run, added)
+    return Plan(notebook, not_run, added, lessons)

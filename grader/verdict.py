@@ -86,7 +86,9 @@ class Job:
     transport: str = "tcp"
     cell_timeout: int | None = None
     notebook_timeout: int = 0
+    answer_timeout: int = 0       # seconds for an answer cell; 0: the cell timeout
     compile_cache: str = ""       # a warm torch.compile cache on the grading machine ("" for none)
+    run_lessons: bool = False     # run every lesson code cell, as plain nbgrader does (grader.lessons)
     sandbox: str = ""             # GRADER_SANDBOX for the kernels ("require" holds on every worker)
     expect: dict = field(default_factory=dict)   # the grader's project tree and torch: a worker that differs refuses
 

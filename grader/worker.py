@@ -31,7 +31,7 @@ from nbgrader.coursedir import CourseDirectory
 
 from grader import outcome, sandbox
 from grader.codes import Code
-from grader.execute import START_FAILURES, KernelStartError
+from grader.execute import KernelStartError
 from grader.intake import take_in
 from grader.nbconfig import course_config
 from grader.nbtools import grade_id, nbgrader_meta, read
@@ -65,10 +65,30 @@ def _read(folder: Path) -> Files:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+class _Autograde(Autograde):
+    """nbgrader's autograde, keeping a KernelStartError that its converter loop logs and swallows: not the
+    student's doing, so the job fails instead of scoring the notebook 0."""
+
+    start_failure: KernelStartError | None = None
+
+    def convert_single_notebook(self, notebook_filename: str) -> None:
+        try:
+            super().convert_single_notebook(notebook_filename)
+        except KernelStartError as exc:
+            self.start_failure = exc
+            raise
+
+
 def _autograde(config, assignment: str, notebook: str) -> None:
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id, coursedir.student_id, coursedir.notebook_id = assignment, ALIAS, notebook
-    Autograde(coursedir=coursedir, config=config).start()
+    converter = _Autograde(coursedir=coursedir, config=config)
+    try:
+        converter.start()
+    except Exception:
+        if converter.start_failure is not None:
+            raise converter.start_failure from None
+        raise
 
 
 def _feedback(config, assignment: str, course: Path) -> Files:
@@ -149,14 +169,16 @@ def _grade_in(job: Job, scratch: Path, course: Path) -> Verdict:
     intake = take_in(submission, source, release, course / "submitted" / ALIAS / assignment)
     shutil.rmtree(submission)
     config = course_config(course, cell_timeout=job.cell_timeout, notebook_timeout=job.notebook_timeout,
+                           answer_timeout=job.answer_timeout,
                            memory=job.memory, file_size=job.file_size, threads=job.threads, transport=job.transport,
                            sandbox=True, compile_cache=job.compile_cache, sandbox_policy=job.sandbox,
+                           run_lessons=job.run_lessons,
                            kernel_paths={"runtime_dir": scratch, "pid_dir": scratch / "pids", "log_path": log})
     config.SandboxedKernelManager.events_path = str(events)
     before = _files(course)
     notes, graded = list(intake.notes), set()
     for name in intake.notebooks:
-        failures, seen = len(START_FAILURES), len(read_events(events))
+        seen = len(read_events(events))
         try:
             _autograde(config, assignment, name)
             graded.add(name)
@@ -167,8 +189,8 @@ def _grade_in(job: Job, scratch: Path, course: Path) -> Verdict:
                 why = integrity[0]["reason"] if integrity else str(exc)
                 notes.append(Note(Code.INTEGRITY, f"{name}.ipynb: {why}; scored 0", name))
                 continue
-            if len(START_FAILURES) > failures:    # not the student's doing: do not score, fail the job
-                raise KernelStartError(f"{name}.ipynb: {START_FAILURES[-1]}") from exc
+            if isinstance(exc, KernelStartError):    # not the student's doing: do not score, fail the job
+                raise KernelStartError(f"{name}.ipynb: {exc}") from exc
             logging.getLogger("traitlets").error("autograde %s failed:\n%s", name, traceback.format_exc())
             notes.append(Note(Code.GRADER_ERROR, f"nbgrader could not grade {name}.ipynb ({type(exc).__name__}); "
                                                  "scored 0, see its log", name))

@@ -8,6 +8,7 @@ the "setup" cell and the solution cells. Usage from a shell, to try a catalogue:
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib.util
 import io
 import os
@@ -369,3 +370,21 @@ def check_roundtrip(assignment: str) -> dict[str, tuple[float, float]]:
     for cell, (score, total) in solution.items():
         assert score == total > 0, f"solution: {cell} scored {score}/{total}"
     return solution
+
+
+def course_grader_rows(submissions: Path, out: Path, *args: str, solutions: Path | None = None
+                       ) -> dict[tuple[str, str], dict]:
+    """Grade `submissions` (<student>/<assignment>/*.ipynb) with the course grader (`python -m grader autograde`,
+    its judges in the grader's process) against `solutions` (default solutions/), in this process; tests.csv's rows
+    by (student, grade_id)."""
+    from grader.cli import main
+    from grader.nbtools import SOLUTIONS
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = main(["autograde", str(submissions), "--solutions", str(solutions or SOLUTIONS), "--out", str(out),
+                       *args])
+        status = status or main(["export", "--out", str(out)])
+    assert status == 0, log.getvalue()[-3000:]
+    with open(out / "tests.csv", newline="") as handle:
+        return {(r["student_id"], r["grade_id"]): r for r in csv.DictReader(handle)}

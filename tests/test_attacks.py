@@ -11,10 +11,7 @@
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import csv
-import io
 from pathlib import Path
 
 import nbformat
@@ -25,6 +22,7 @@ from grader import sandbox
 from grader.nbtools import EXERCISES, SOLUTIONS, assignments, cell_scores, grade_id, nbgrader, nbgrader_meta, read
 from grader.release import generate
 from tests.attacks import ADDED, ANSWER, Attack
+from tests.harness import course_grader_rows
 from tests.mutations import solution_cell
 
 AVAILABLE, WHY = sandbox.status()
@@ -158,15 +156,7 @@ def _write(folder: Path, student: str, assignment: str, name: str, nb: nbformat.
 
 
 def _grade(submissions: Path, solutions: Path, out: Path, *args: str) -> dict[tuple[str, str], dict]:
-    from grader.cli import main
-
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        status = main(["autograde", str(submissions), "--solutions", str(solutions), "--out", str(out), *args])
-        status = status or main(["export", "--out", str(out)])
-    assert status == 0, log.getvalue()[-3000:]
-    with open(out / "tests.csv", newline="") as handle:
-        return {(r["student_id"], r["grade_id"]): r for r in csv.DictReader(handle)}
+    return course_grader_rows(submissions, out, *args, solutions=solutions)
 
 
 @pytest.fixture(scope="module")
@@ -235,10 +225,15 @@ def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
     assert scores == {a.name: 2 for a in ADDED}, scores
 
 
+RUNAWAY = "\nimport time\nwhile True:      # a learner's loop left running in an answer cell\n    time.sleep(0.01)\n"
+
+
 def test_every_module_judged_outside_the_kernel(tmp_path):
     """Each module's solution, with every attack pasted after its first answer, keeps full marks with its judges in
     the grader's process; its stubs with every attack pasted and one in the first answer cell earn nothing and are
-    held for review."""
+    held for review. And a correct solution whose first answer cell then loops forever, stopped at its time limit
+    (the kernel interrupted, while the distributed workers or the simulated GPU may be in use), keeps every point of
+    the tests after it (#22)."""
     names = assignments()
     for assignment in names:
         for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
@@ -251,13 +246,26 @@ def test_every_module_judged_outside_the_kernel(tmp_path):
             _write(tmp_path / "submitted", "solution", assignment, path.name, solved)
             hostile = _submission(release, added=ADDED, appended=ANSWER[0])
             _write(tmp_path / "submitted", "hostile", assignment, path.name, hostile)
-    rows = _grade(tmp_path / "submitted", SOLUTIONS, tmp_path / "grading", "--no-compile-cache")
+            runaway = _submission(solved)
+            runaway.cells[next(i for i, c in enumerate(runaway.cells) if nbgrader_meta(c).get("solution"))].source \
+                += RUNAWAY
+            _write(tmp_path / "submitted", "runaway", assignment, path.name, runaway)
+    # answer cells hold definitions: 20 s each, so that the runaway costs 20 s, not the 180 s cell limit
+    rows = _grade(tmp_path / "submitted", SOLUTIONS, tmp_path / "grading", "--no-compile-cache",
+                  "--answer-timeout", "20")
     tests = {(s, g): r for (s, g), r in rows.items()}
     solution = {g: r for (s, g), r in tests.items() if s == "solution"}
     hostile = {g: r for (s, g), r in tests.items() if s == "hostile"}
-    assert solution and set(solution) == set(hostile)
+    runaway = {g: r for (s, g), r in tests.items() if s == "runaway"}
+    assert solution and set(solution) == set(hostile) == set(runaway)
     lost = {g: r["reason"] for g, r in solution.items() if float(r["points"]) != float(r["max_points"])}
     assert not lost, lost
+    lost = {g: r["reason"] for g, r in runaway.items() if float(r["points"]) != float(r["max_points"])}
+    assert not lost, f"after an answer cell stopped at its time limit: {lost}"
+    for path in sorted((tmp_path / "grading" / "autograded" / "runaway").glob("*/*.ipynb")):
+        first = next(c for c in read(path).cells if nbgrader_meta(c).get("solution"))
+        assert [o.get("ename") for o in first.outputs if o.get("output_type") == "error"][-1:] == \
+            ["CellTimeoutError"], f"{path.name}: the runaway was not stopped at the answer time limit"
     earned = {g: r["points"] for g, r in hostile.items() if float(r["points"]) != 0}
     assert not earned, earned
     unheld = {g: r["reason"] for g, r in hostile.items() if "held for review" not in r["reason"]}

@@ -7,8 +7,11 @@ The commands run in this process (`grader.cli.main`), except the one that is kil
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
+import io
+import json
 import os
 import shutil
 import signal
@@ -22,6 +25,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from traitlets.config import Config
 
 from grader import outcome, sandbox
+from grader.cli import main
 from grader.codes import Code, Scope
 from grader.execute import GraderExecute
 from grader.kernel import GraderKernelManager
@@ -247,14 +251,32 @@ def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path)
     assert scores == {"late": 15.0, "os-exit": 14.0, "truncated": 11.0, "wrong-odd": 15.0}
 
 
+def test_a_kernel_that_cannot_start_is_a_failure_to_grade_not_a_zero(tmp_path):
+    """A grading kernel that cannot start (here: a memory limit too small for Python) is the grader's problem, not
+    the student's: nbgrader's converter logs and swallows the error, the worker still sees it, and the submission is
+    left ungraded (no score, not 0), with the reason in its state file and on the console."""
+    solutions, submissions = fixture.build_class(tmp_path, {"right": "right"})
+    out, log = tmp_path / "grading", io.StringIO()
+    with contextlib.redirect_stdout(log):
+        status = main(["autograde", str(submissions), "--out", str(out), "--solutions", str(solutions), "--jobs", "1",
+                       "--timeout", "10", "--memory", "8M"])
+    assert status == 1 and "not graded 1" in log.getvalue(), log.getvalue()
+    failed = json.loads((out / "state" / "right" / f"{fixture.ASSIGNMENT}.failed.json").read_text())["error"]
+    assert failed.startswith("KernelStartError: ") and "the grading kernel did not start" in failed, failed
+    assert not cell_scores(out, fixture.ASSIGNMENT), "an ungraded submission must have no scores"
+
+
 # ---------------------------------------------------------------- the executor and the kernel launch point
 
-def _execute(sources: list[str], tmp_path: Path, manager=None, **config) -> nbformat.NotebookNode:
+def _execute(sources: list[str], tmp_path: Path, manager=None, answers=(), **config) -> nbformat.NotebookNode:
+    """Run `sources` as a notebook's code cells (those at `answers` marked as answer cells) with GraderExecute."""
     cfg = Config()
     for key, value in config.items():
         section, name = key.split("__")
         cfg[section][name] = value
     nb = new_notebook(cells=[new_code_cell(s) for s in sources])
+    for index in answers:
+        nb.cells[index].metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": f"answer{index}"}
     nb.metadata["kernelspec"] = {"name": "not-a-kernel", "display_name": "?", "language": "python"}
     executor = GraderExecute(config=cfg, kernel_manager_class=manager or GraderKernelManager)
     nb, _ = executor.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
@@ -278,6 +300,18 @@ def test_notebook_timeout_and_exit_leave_the_other_cells_their_points(tmp_path):
     assert _stdout(nb.cells[2]) == "1 False\n"
     assert "NotebookTimeout" in _errors(nb.cells[3])
     assert _errors(nb.cells[4]) == ["NotRun"]
+
+
+def test_an_answer_cell_has_its_own_time_limit_and_the_cells_after_it_run(tmp_path):
+    """--answer-timeout: an answer cell that runs past it is stopped, and its error says whose limit it was; what it
+    defined first stays defined and the next cells run; the other cells keep the cell time limit."""
+    runaway = "def f():\n    return 1\nimport time\nwhile True:\n    time.sleep(0.01)"
+    nb = _execute([runaway, "print(f())", "import time\ntime.sleep(3)\nprint('a slow lesson cell')"], tmp_path,
+                  answers={0}, GraderExecute__timeout=30, GraderExecute__answer_timeout=1)
+    (stopped,) = [o for o in nb.cells[0].outputs if o.output_type == "error" and o.ename == "CellTimeoutError"]
+    assert "answer cell ran longer than its 1 s time limit" in stopped.evalue, stopped.evalue
+    assert _stdout(nb.cells[1]) == "1\n" and not _errors(nb.cells[1])
+    assert _stdout(nb.cells[2]) == "a slow lesson cell\n" and not _errors(nb.cells[2])
 
 
 BOMBS = {   # kind of limit -> a cell that passes it (the sandbox's limits are set small in the test below)

@@ -23,6 +23,19 @@ def test_every_code_has_a_scope_and_a_sentence_for_the_learner():
     assert Code.TEST_CELL_EDITED.scope is Scope.TEST
 
 
+def test_each_mark_the_grader_writes_reads_back_as_its_code():
+    """A cell the grader marks (a timeout, a dead kernel, a limit, a hold) carries its code's mark as the error name,
+    and that name reads back as the code; an error the student's code raised reads as no code."""
+    marks = [code.mark for code in Code if code.mark]
+    assert len(marks) == len(set(marks)) and "CellTimeoutError" in marks and "HeldForReview" in marks
+    for code in Code:
+        if code.mark:
+            assert Code.marked(code.mark) is code
+            cell = _graded(new_output("error", ename=code.mark, evalue="what happened", traceback=[]))["nb"].cells[0]
+            assert outcome.cell_failure(cell) == f"{code.mark}: what happened"
+    assert Code.marked("ValueError") is None and Code.marked("") is None
+
+
 def test_status_is_decided_by_one_rule():
     assert [status_of(p, 2) for p in (2, 1, 0)] == [Status.PASSED, Status.PARTIAL, Status.FAILED]
     assert status_of(0, 2, missing=True) is Status.MISSING
