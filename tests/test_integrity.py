@@ -5,7 +5,8 @@ the graded name that cell tests. Here a 04-amp submission takes two answers from
 (`amp_dtype`, `amp_train_step`: imported, so 0 points with the reason in tests.csv) and wraps a third in a function
 of its own (`make_scaler`: calling a helper from one's own function is allowed, full points). The same cells earn
 points when the test cells run without the guard (tests.harness), so the zeros come from the guard alone. The
-helper module holds the solution cells' own code, so the test keeps working whatever `course` exports.
+helper module holds the solution cells' own code, so the test keeps working whatever `course` exports. And the
+guard's snapshot of a course module does not read torch's own patch of an optimizer class as code replaced.
 """
 from __future__ import annotations
 
@@ -95,3 +96,28 @@ def test_an_imported_answer_scores_zero_with_the_reason(tmp_path):
              for o in c.get("outputs", [])]
     assert [o.get("ename") for o in shown] == ["NotWrittenInNotebook"], shown
     assert shown[0]["traceback"][0].startswith("✗ `amp_dtype` is imported from amp_helper"), shown
+
+
+def test_torchs_own_first_optimizer_patch_is_not_protected_code_replaced():
+    """torch.optim.Optimizer wraps a class's `step` the first time the class is instantiated (#22: a wrong answer
+    that failed before the course's first LegacySGD was built had the whole notebook held for review, its correct
+    answers' points with it). The guard's snapshot of a course module applies that patch first, so a test's first
+    optimizer changes nothing it guards, and the optimizer still steps."""
+    import types
+
+    import torch
+
+    from grader import integrity
+
+    module = types.ModuleType("course_fixture_optimizers")
+    exec("import torch\n\nclass FreshSGD(torch.optim.SGD):\n    def step(self, closure=None):\n"
+         "        return super().step(closure)\n", module.__dict__)
+    assert not getattr(module.FreshSGD.step, "hooked", False), "torch would patch this class on first use"
+    snap = integrity._ModuleSnap(module)
+    weight = torch.ones(2, requires_grad=True)
+    optimizer = module.FreshSGD([weight], lr=0.5)
+    weight.sum().backward()
+    optimizer.step()
+    changes = []
+    snap.restore(changes)
+    assert changes == [] and torch.equal(weight.detach(), torch.full((2,), 0.5)), changes
