@@ -69,8 +69,9 @@ test: install sandbox browser lint
 test-install: install
 	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_install.py $(INSTALL_ARGS)
 
-# Every correct variant of the mutation catalogue through real nbgrader (tests/test_alternatives.py): one long
-# grading batch in two courses side by side, so a session of its own rather than one worker of the main suite's.
+# Every variant of the mutation catalogue through real grading (tests/test_alternatives.py): the correct ones with
+# real nbgrader (one long batch in two courses side by side), the wrong ones with the course grader; a session of its
+# own rather than one worker of the main suite's.
 test-alternatives: install
 	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_alternatives.py
 
