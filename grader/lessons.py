@@ -9,9 +9,10 @@ class, an import, a `global` statement), except a name that a setup cell imports
 when a cell cannot be read (not Python after IPython's transforms) or reads globals in ways no static look can follow
 (`globals()`, `exec`, `get_ipython()`...), every lesson cell runs, as under plain nbgrader.
 
-What a lesson cell does besides binding names (seeding a generator, setting a torch switch) is not followed; the
-course's lessons leave the state the tests see unchanged, and the round trip grades every correct and wrong variant
-of the catalogue this way (tests/test_roundtrip.py, tests/test_alternatives.py). `--run-lessons` runs them all.
+What a lesson cell does besides binding names (seeding a generator, setting a torch switch) is not followed: the
+course's lessons leave the state the tests see unchanged. The course grader grades this way every module's solution
+(tests/test_attacks.py) and every wrong variant of the catalogue (tests/test_alternatives.py), and in-process every
+variant runs with the setup cells alone (tests/test_mutations.py). `--run-lessons` runs them all.
 """
 from __future__ import annotations
 

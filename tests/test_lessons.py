@@ -18,6 +18,8 @@ ASSIGNMENT = "01-device"
 @pytest.mark.parametrize(("lesson", "graded", "setup", "runs"), [
     ("helper = 3", "def f():\n    return helper", "", "helper"),              # read inside a function, at call time
     ("helper = 3", "print(helper)", "", "helper"),                             # read at the top level
+    ("helper = 3", "def f():\n    return [helper * i for i in range(3)]", "", "helper"),   # in a comprehension
+    ("helper = 3", "class C:\n    size = helper", "", "helper"),               # in a class body
     ("def g():\n    global k\n    k = 1", "k", "", "k"),                      # bound through a global statement
     ("import numpy as torch", "def f():\n    return torch", "import torch", "torch"),   # imported from elsewhere
     ("from course import env", "env.show()", "", "env"),                       # imported by the lesson alone
