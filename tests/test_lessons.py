@@ -41,10 +41,8 @@ def test_lessons_are_left_out_only_where_no_graded_cell_can_read_them(lesson, gr
 def test_every_course_notebook_is_graded_without_its_lesson_cells():
     """The solutions' answers and tests need only the setup cells (as tests/test_mutations.py runs them)."""
     for path in sorted(SOLUTIONS.glob("*/*.ipynb")):
-        code = [c for c in read(path).cells if c.cell_type == "code"]
-        setup = [c.source for c in code if (grade_id(c) or "").startswith("setup")]
-        graded = [c.source for c in code if grade_id(c) and not grade_id(c).startswith("setup")]
-        assert lessons.why_run([c.source for c in code if not grade_id(c)], graded, setup) == "", path
+        nb = read(path)
+        assert lessons.lesson_cells(nb) and lessons.decide(nb, lessons.lesson_cells(nb)) == "", path
 
 
 def _reads_a_lesson_name(notebook: Path) -> None:
