@@ -5,7 +5,8 @@ libraries) in TORCHINDUCTOR_CACHE_DIR; a kernel that finds its graphs there skip
 compiler. In the sandbox each kernel has a private, empty home, so without help every submission of 06-compile
 compiles from scratch.
 
-`prepare` runs, once per grading run, the solution notebook of each assignment that calls torch.compile, in a
+`prepare` runs, once per grading run, the solution notebook of each assignment whose graded run calls torch.compile
+(a code cell that grading runs names it: a lesson left out or a paragraph that mentions it does not count), in a
 sandboxed kernel like the students' (same paths, same environment: the cache keys match), and keeps the cache it
 wrote as the run's warm cache (read-only for the kernels: the grader owns it). `layer` gives each kernel its own
 writable cache made of hard links to the warm files (a copy where the file system cannot link): the kernel reads
@@ -33,9 +34,9 @@ from grader.nbconfig import course_config
 from grader.sandbox.layers import layer
 from grader.workspace import tree_hash
 
-__all__ = ["Warming", "compiling", "freeze", "layer", "prepare", "run_in_sandbox"]
+__all__ = ["Warming", "compiling", "freeze", "graded_run", "layer", "prepare", "run_in_sandbox"]
 
-MARKER = "torch.compile"       # a solution notebook that contains this is run to warm the cache
+MARKER = "torch.compile"       # a solution notebook whose graded run's code contains this is run to warm the cache
 
 
 def freeze(folder: Path) -> None:
@@ -48,10 +49,22 @@ def freeze(folder: Path) -> None:
                 path.chmod(stat.S_IMODE(mode) & ~0o222)
 
 
+def graded_run(nb) -> list:
+    """The cells of `nb` that a grading run executes: all of them, less the lesson code cells that grading leaves out
+    (`grader.lessons`)."""
+    left_out = lessons.lesson_cells(nb)
+    if lessons.decide(nb, left_out):
+        return list(nb.cells)
+    return [c for i, c in enumerate(nb.cells) if i not in left_out]
+
+
 def compiling(source_root: Path, assignments: list[str]) -> list[Path]:
-    """The solution notebooks among `assignments` that call torch.compile."""
-    return [nb for name in assignments for nb in sorted((source_root / name).glob("*.ipynb"))
-            if MARKER in nb.read_text(encoding="utf-8")]
+    """The solution notebooks among `assignments` whose graded run calls torch.compile (`graded_run`'s code cells
+    name it). A student whose answer compiles where the solution does not only compiles cold: slower, graded the
+    same."""
+    return [path for name in assignments for path in sorted((source_root / name).glob("*.ipynb"))
+            if any(c.cell_type == "code" and MARKER in c.source
+                   for c in graded_run(nbformat.read(path, as_version=4)))]
 
 
 def _key(notebooks: list[Path], threads: int) -> str:
@@ -65,7 +78,8 @@ def _key(notebooks: list[Path], threads: int) -> str:
 def prepare(store: Path, source_root: Path, assignments: list[str], *, threads: int, memory: int,
             echo=print) -> Path | None:
     """The warm cache for grading `assignments` (None when none of them compiles): kept in `store` under a key of
-    what it depends on, built by running their compiling solution notebooks once in the sandbox when missing."""
+    what it depends on, built by running their compiling solution notebooks once in the sandbox when missing. The
+    kernels' own output (ipykernel's banner, warnings) goes to `store`/warm-up.log, not to the terminal."""
     notebooks = compiling(source_root, assignments)
     if not notebooks:
         return None
@@ -76,11 +90,13 @@ def prepare(store: Path, source_root: Path, assignments: list[str], *, threads: 
     building = store / f".{warm.name}.building"
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
+    log = store / "warm-up.log"
+    log.unlink(missing_ok=True)
     for nb in notebooks:
         work = store / ".work" / nb.parent.name
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(nb.parent, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        run_in_sandbox(work / nb.name, threads=threads, memory=memory, export=building)
+        run_in_sandbox(work / nb.name, threads=threads, memory=memory, export=building, log=log)
     shutil.rmtree(store / ".work", ignore_errors=True)
     freeze(building)
     (building / ".complete").write_text(", ".join(f"{nb.parent.name}/{nb.name}" for nb in notebooks) + "\n")
@@ -125,18 +141,16 @@ class Warming:
 
 
 def run_in_sandbox(notebook: Path, *, threads: int, memory: int, export: Path | None = None,
-                   warm: Path | None = None) -> None:
-    """Execute `notebook` in its folder as autograde would (sandboxed kernel, NBGRADER_EXECUTION=autograde, the
-    lesson code cells left out where grading leaves them out), starting from the `warm` cache and keeping its
-    compile cache in `export`."""
+                   warm: Path | None = None, log: Path | None = None) -> None:
+    """Execute `notebook` in its folder as autograde would (sandboxed kernel, NBGRADER_EXECUTION=autograde,
+    `graded_run`'s cells), starting from the `warm` cache and keeping its compile cache in `export`; the kernel's
+    own stdout and stderr are appended to `log` (inherited when None)."""
     config = course_config(notebook.parent, memory=memory, threads=threads, sandbox=True,
-                           compile_cache=str(warm or ""))
+                           compile_cache=str(warm or ""), kernel_paths={"log_path": log} if log else None)
     if export is not None:
         config.SandboxedKernelManager.compile_cache_export = str(export)
     nb = nbformat.read(notebook, as_version=4)
-    left_out = lessons.lesson_cells(nb)
-    if not lessons.decide(nb, left_out):
-        nb.cells = [c for i, c in enumerate(nb.cells) if i not in left_out]
+    nb.cells = graded_run(nb)
     before = os.environ.get("NBGRADER_EXECUTION")
     os.environ["NBGRADER_EXECUTION"] = "autograde"     # the same code paths as the students' kernels
     try:
