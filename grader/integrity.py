@@ -101,6 +101,9 @@ GETATTR_REFUSED = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__
 # a class's layout; a class's __doc__, __name__ or __module__ is the student's to set
 SETATTR_REFUSED = frozenset({"__code__", "__bases__", "__class__", "__defaults__", "__kwdefaults__", "__dict__",
                              "__mro__", "__globals__", "__closure__"})
+# a function's replaceable parts (_FunctionSnap): CPython audits every write to them (object.__setattr__ or
+# object.__delattr__, Python 3.8+), and reading __code__ as well, which costs an audit call per protected function
+FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 PROC_SELF = ("/proc/self", "/proc/thread-self")
 GRADING_MODULE, GRADING_FLAG = "course._testcell", "_GUARDED"  # True: test cells raise their failures (graded mode)
 GRADING_VARIABLE = "NBGRADER_EXECUTION"  # set by nbgrader's validate and autograde; course.checks reads it too
@@ -206,24 +209,25 @@ class _ModuleSnap:
         self._cells = [c for f in self.functions for c, _ in f.cells]
         self._cell_values = [v for f in self.functions for _, v in f.cells]
 
-    def _intact(self):
-        """Quick check (C-speed identity comparisons) that nothing changed; False sends restore() the slow way."""
+    def _intact(self, functions=True):
+        """Quick check (C-speed identity comparisons) that nothing changed; False sends restore() the slow way.
+        `functions`: compare the functions' code and defaults too (False when no write to them was audited)."""
         is_ = operator.is_
         fns = self._fns
         try:
             return (type(self.module) is self.type
                     and all(map(is_, map(self.module.__dict__.get, self._keys), self._values))
-                    and all(map(is_, [f.__code__ for f in fns], self._codes))
-                    and all(map(is_, [f.__defaults__ for f in fns], self._defaults))
-                    and all(map(is_, [f.__kwdefaults__ for f in fns], self._kwdefaults))
+                    and (not functions or (all(map(is_, [f.__code__ for f in fns], self._codes))
+                                           and all(map(is_, [f.__defaults__ for f in fns], self._defaults))
+                                           and all(map(is_, [f.__kwdefaults__ for f in fns], self._kwdefaults))))
                     and all(map(is_, [c.cell_contents for c in self._cells], self._cell_values))
                     and all(vars(cls).keys() == keys and all(map(is_, map(vars(cls).get, members), members.values()))
                             for cls, _, members, keys in self.classes))
         except Exception:
             return False
 
-    def restore(self, changes):
-        if self._intact():
+    def restore(self, changes, functions=True):
+        if self._intact(functions):
             return
         module, name = self.module, self.name
         if type(module) is not self.type:
@@ -454,6 +458,8 @@ class Guard:
         self._student_cell = None       # the grade_id of the answer cell running now, if one is
         self._student_files = {}        # co_filename -> grade_id of the code each answer cell defined
         self._hooked = threading.local()
+        self._functions_set = True      # a write to a function's FUNCTION_PARTS was audited since the last verify()
+        self._check_functions = True
         self._allow_trace = False
         self._armed = False             # the kernel's own start-up (debugpy) may trace; notebook code may not
         self._broken = False
@@ -537,6 +543,8 @@ class Guard:
 
     # ---- the audit hook (cannot be removed once added) ---------------------------------------------------------
     def _audit(self, event, args):
+        if event in ("object.__setattr__", "object.__delattr__") and len(args) > 1 and args[1] in FUNCTION_PARTS:
+            self._functions_set = True  # first: the checks below may refuse it (then the next verify finds nothing)
         if self._armed and (event in STUDENT_EVENTS or event.startswith(STUDENT_PREFIXES) or (
                 event == "object.__getattr__" and len(args) > 1 and args[1] in GETATTR_REFUSED) or (
                 event in ("object.__setattr__", "object.__delattr__") and len(args) > 1
@@ -579,6 +587,9 @@ class Guard:
     def verify(self):
         """Restore everything protected; return what had been changed (empty when nothing was)."""
         changes = []
+        # no function's code or defaults can change unaudited (ctypes is refused), so the protected functions are
+        # compared only after a write to them was audited: reading each one's __code__ is itself an audit call
+        self._check_functions, self._functions_set = self._functions_set, False
         for step in (self._verify_imports, self._verify_modules, self._verify_grading, self._verify_watched,
                      self._verify_builtins, self._verify_machinery, self._verify_trace):
             try:
@@ -619,7 +630,7 @@ class Guard:
                 sys.modules[name] = snap.module
                 changes.append(f"sys.modules[{name!r}]")
         for name, snap in list(self._modules.items()):
-            snap.restore(changes)
+            snap.restore(changes, self._check_functions)
             parent_name, _, child = name.rpartition(".")
             parent = sys.modules.get(parent_name) if parent_name else None
             if parent is not None and getattr(parent, child, snap.module) is not snap.module:
@@ -662,7 +673,7 @@ class Guard:
 
     def _verify_machinery(self, changes):
         for snap in self._machinery.values():
-            snap.restore(changes)
+            snap.restore(changes, self._check_functions)
         for snap in self._objects:
             snap.restore(changes)
         shell = self._shell

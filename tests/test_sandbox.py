@@ -480,6 +480,30 @@ def test_in_test_tampering_fails_the_test(tmp_path):
 
 
 @needs_sandbox
+@pytest.mark.parametrize("part", ["__code__", "__defaults__", "__kwdefaults__"])
+def test_a_checker_rewritten_through_library_code_fails_the_test(tmp_path, part):
+    """The guard compares the protected functions' code and defaults only after CPython audited a write to one (to
+    spare an audit call per function and cell): a write made by library code, which is not refused as the student's
+    own frame would be, is still found, fails the test and is put back."""
+    async def go():
+        async with _kernel(tmp_path / "autograded" / "wrapped" / "ps1") as (km, kc):
+            for _ in range(2):                      # the guard's checks, with nothing written, before the attack
+                await _run(kc, "from course import checks")
+            await _run(kc, "def answer():\n    import functools\n    from course import checks\n"
+                           "    def fake(condition, what='', hint='', *, k=None):\n        return None\n"
+                           f"    functools.update_wrapper(checks.check, fake, assigned=({part!r},), updated=())\n"
+                           "    return 41")
+            tested = await _run(kc, 'def __check_answer():\n    from course import checks\n'
+                                    '    checks.check(answer() == 42, "the answer", "add one")\n'
+                                    '__check_answer(); del __check_answer')
+            after = await _run(kc, "print(checks.check.__module__, checks.check.__code__.co_name)")
+            return tested, after
+    (status, out), after = asyncio.run(go())
+    assert status == "error" and "GraderIntegrityError" in out and part in out, out
+    assert after[0] == "ok" and after[1].split()[1] == "check", after
+
+
+@needs_sandbox
 def test_limits_go_on_through_the_launcher_inside_the_sandbox(tmp_path):
     """The sandboxed manager is grader.kernel's manager: its launch.py rlimits apply inside, and the kernel is boxed."""
     async def go():
