@@ -181,6 +181,14 @@ def _hook_optimizer_step(cls):
             pass
 
 
+def _no_code_added(cls, keys):
+    """Whether `cls` has no code-like attribute that its snapshot (`keys`) lacks. Data that a library keeps on its class
+    (traitlets' singleton `_instance`, set once the kernel exists) is not code: restore() would leave it, and reading
+    it as a change sent every check of ipykernel's modules the slow way."""
+    own = vars(cls)
+    return own.keys() == keys or not any(_code_like(own[k]) for k in own.keys() - keys)
+
+
 class _ModuleSnap:
     """A module as it was right after it was imported: its callables, its classes and their functions."""
 
@@ -221,7 +229,7 @@ class _ModuleSnap:
                                            and all(map(is_, [f.__defaults__ for f in fns], self._defaults))
                                            and all(map(is_, [f.__kwdefaults__ for f in fns], self._kwdefaults))))
                     and all(map(is_, [c.cell_contents for c in self._cells], self._cell_values))
-                    and all(vars(cls).keys() == keys and all(map(is_, map(vars(cls).get, members), members.values()))
+                    and all(_no_code_added(cls, keys) and all(map(is_, map(vars(cls).get, members), members.values()))
                             for cls, _, members, keys in self.classes))
         except Exception:
             return False

@@ -6,7 +6,8 @@ the graded name that cell tests. Here a 04-amp submission takes two answers from
 of its own (`make_scaler`: calling a helper from one's own function is allowed, full points). The same cells earn
 points when the test cells run without the guard (tests.harness), so the zeros come from the guard alone. The
 helper module holds the solution cells' own code, so the test keeps working whatever `course` exports. And the
-guard's snapshot of a course module does not read torch's own patch of an optimizer class as code replaced.
+guard's snapshot of a course module does not read torch's own patch of an optimizer class as code replaced, nor
+data a library keeps on its class as code added.
 """
 from __future__ import annotations
 
@@ -121,3 +122,24 @@ def test_torchs_own_first_optimizer_patch_is_not_protected_code_replaced():
     changes = []
     snap.restore(changes)
     assert changes == [] and torch.equal(weight.detach(), torch.full((2,), 0.5)), changes
+
+
+def test_data_a_library_keeps_on_its_class_is_not_code_added():
+    """traitlets keeps a singleton's instance on its class (`_instance`, set once the kernel exists): that is not
+    code, so the snapshot stays intact (the quick check; it sent every check of ipykernel's modules the slow way),
+    while a method added to the class is still taken away and reported."""
+    import types
+
+    from grader import integrity
+
+    module = types.ModuleType("course_fixture_singleton")
+    exec("class Kernel:\n    def run(self):\n        return 1\n", module.__dict__)
+    snap = integrity._ModuleSnap(module)
+    module.Kernel._instance = module.Kernel()
+    assert snap._intact(), "data stored on the class must not read as a change"
+    module.Kernel.extra = lambda self: 2
+    assert not snap._intact()
+    changes = []
+    snap.restore(changes)
+    assert changes == ["course_fixture_singleton.Kernel.extra (added)"], changes
+    assert not hasattr(module.Kernel, "extra") and isinstance(module.Kernel._instance, module.Kernel)
