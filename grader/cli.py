@@ -138,7 +138,11 @@ def _out(args) -> Path:
 
 
 def _solutions(args) -> Path:
-    return (args.solutions or SOLUTIONS).resolve()
+    path = (args.solutions or SOLUTIONS).resolve()
+    if not path.is_dir():
+        raise SystemExit(f"{path} is not a folder: --solutions names the nbgrader source, one folder per assignment "
+                         "(default: this repository's solutions/)")
+    return path
 
 
 def _main(argv: list[str] | None) -> int:

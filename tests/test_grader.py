@@ -417,3 +417,11 @@ def test_leak_check_finds_a_copied_solution_and_allows_a_hint():
     problems = find_leaks(notebook(solution, pasted), notebook(stub, pasted), "nb")    # a lesson cell repeats it
     assert any("3 consecutive lines of the solution of a cell" in p for p in problems), problems
     assert find_leaks(notebook(solution, hint), notebook(stub, hint), "nb") == []
+
+
+@pytest.mark.parametrize("command", ["autograde", "release"])
+def test_a_missing_solutions_folder_is_named_not_a_traceback(tmp_path, command):
+    (tmp_path / "submitted" / "alice").mkdir(parents=True)
+    args = [str(tmp_path / "submitted"), "--out", str(tmp_path / "out")] if command == "autograde" else []
+    with pytest.raises(SystemExit, match=f"{tmp_path / 'nowhere'} is not a folder: --solutions names"):
+        main([command, *args, "--solutions", str(tmp_path / "nowhere")])
