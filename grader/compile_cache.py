@@ -34,7 +34,7 @@ from grader.nbconfig import course_config
 from grader.sandbox.layers import layer
 from grader.workspace import tree_hash
 
-__all__ = ["Warming", "compiling", "freeze", "graded_run", "layer", "prepare", "run_in_sandbox"]
+__all__ = ["Warming", "compiling", "freeze", "layer", "prepare", "run_in_sandbox"]
 
 MARKER = "torch.compile"       # a solution notebook whose graded run's code contains this is run to warm the cache
 
@@ -49,22 +49,13 @@ def freeze(folder: Path) -> None:
                 path.chmod(stat.S_IMODE(mode) & ~0o222)
 
 
-def graded_run(nb) -> list:
-    """The cells of `nb` that a grading run executes: all of them, less the lesson code cells that grading leaves out
-    (`grader.lessons`)."""
-    left_out = lessons.lesson_cells(nb)
-    if lessons.decide(nb, left_out):
-        return list(nb.cells)
-    return [c for i, c in enumerate(nb.cells) if i not in left_out]
-
-
 def compiling(source_root: Path, assignments: list[str]) -> list[Path]:
-    """The solution notebooks among `assignments` whose graded run calls torch.compile (`graded_run`'s code cells
-    name it). A student whose answer compiles where the solution does not only compiles cold: slower, graded the
-    same."""
+    """The solution notebooks among `assignments` whose graded run calls torch.compile (code cells of
+    `lessons.graded_run` name it). A student whose answer compiles where the solution does not only compiles cold:
+    slower, graded the same."""
     return [path for name in assignments for path in sorted((source_root / name).glob("*.ipynb"))
             if any(c.cell_type == "code" and MARKER in c.source
-                   for c in graded_run(nbformat.read(path, as_version=4)))]
+                   for c in lessons.graded_run(nbformat.read(path, as_version=4)))]
 
 
 def _key(notebooks: list[Path], threads: int) -> str:
@@ -143,14 +134,14 @@ class Warming:
 def run_in_sandbox(notebook: Path, *, threads: int, memory: int, export: Path | None = None,
                    warm: Path | None = None, log: Path | None = None) -> None:
     """Execute `notebook` in its folder as autograde would (sandboxed kernel, NBGRADER_EXECUTION=autograde,
-    `graded_run`'s cells), starting from the `warm` cache and keeping its compile cache in `export`; the kernel's
-    own stdout and stderr are appended to `log` (inherited when None)."""
+    `lessons.graded_run`'s cells), starting from the `warm` cache and keeping its compile cache in `export`; the
+    kernel's own stdout and stderr are appended to `log` (inherited when None)."""
     config = course_config(notebook.parent, memory=memory, threads=threads, sandbox=True,
                            compile_cache=str(warm or ""), kernel_paths={"log_path": log} if log else None)
     if export is not None:
         config.SandboxedKernelManager.compile_cache_export = str(export)
     nb = nbformat.read(notebook, as_version=4)
-    nb.cells = graded_run(nb)
+    nb.cells = lessons.graded_run(nb)
     before = os.environ.get("NBGRADER_EXECUTION")
     os.environ["NBGRADER_EXECUTION"] = "autograde"     # the same code paths as the students' kernels
     try:

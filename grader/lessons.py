@@ -110,6 +110,15 @@ def decide(nb, lessons: set[int], not_run: set[int] = frozenset()) -> str:
     return why_run([nb.cells[i].source for i in sorted(lessons)], graded, setup)
 
 
+def graded_run(nb) -> list:
+    """The cells of `nb` that a grading run executes without --run-lessons: all of them, less the lesson code cells
+    that `decide` lets it leave out (what the compile-cache warm-up runs, grader.compile_cache)."""
+    left_out = lesson_cells(nb)
+    if decide(nb, left_out):
+        return list(nb.cells)
+    return [c for i, c in enumerate(nb.cells) if i not in left_out]
+
+
 def why_run(lessons: list[str], graded: list[str], setup: list[str]) -> str:
     """'' when the lesson cells (their sources) may be left out of a run of the `graded` cells (answers and tests)
     and the `setup` cells; else why they must run, in a few words."""

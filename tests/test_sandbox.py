@@ -496,11 +496,12 @@ def test_a_checker_rewritten_through_library_code_fails_the_test(tmp_path, part)
             tested = await _run(kc, 'def __check_answer():\n    from course import checks\n'
                                     '    checks.check(answer() == 42, "the answer", "add one")\n'
                                     '__check_answer(); del __check_answer')
-            after = await _run(kc, "print(checks.check.__module__, checks.check.__code__.co_name)")
+            after = await _run(kc, "print(checks.check.__code__.co_name, checks.check.__defaults__, "
+                                   "checks.check.__kwdefaults__)")
             return tested, after
     (status, out), after = asyncio.run(go())
     assert status == "error" and "GraderIntegrityError" in out and part in out, out
-    assert after[0] == "ok" and after[1].split()[1] == "check", after
+    assert after == ("ok", "check None None\n"), "the checker's code and defaults must be put back"
 
 
 @needs_sandbox
