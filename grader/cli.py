@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                        "does (by default those that no answer or test needs are left out; see grader/lessons.py)")
         p.add_argument("--cluster", default="", metavar="tcp://HOST:8786", help="grade on the workers of this Dask "
                        "scheduler instead of local processes (needs the `cluster` extra; see the README)")
+        if name == "autograde":
+            p.add_argument("--no-feedback", action="store_true", help="make no HTML feedback while grading (about "
+                           "0.5-1 s a notebook); `python -m grader feedback` makes it later")
 
     for name, text in (("feedback", "HTML feedback for graded submissions"),
                        ("export", "write grades.csv and tests.csv"),
@@ -108,6 +111,7 @@ def _autograde(args) -> int:
                       memory=parse_size(args.memory) if args.memory else 0,
                       file_size=parse_size(args.max_file_size), transport=args.transport, force=args.force,
                       compile_cache=not args.no_compile_cache, cluster=args.cluster, run_lessons=args.run_lessons,
+                      feedback=not getattr(args, "no_feedback", False),
                       students=args.student, assignments=args.assignment)
     pool = start_workers(args.submissions, _out(args), options)       # first: they take seconds to start
     ws = Workspace(_out(args))

@@ -47,6 +47,7 @@ class Options:
     force: bool = False
     compile_cache: bool = True               # warm torch.compile's cache once per run (grader.compile_cache)
     run_lessons: bool = False                # run every lesson code cell, needed or not (grader.lessons)
+    feedback: bool = True                    # the workers make each submission's HTML feedback as they grade
     cluster: str = ""                        # a Dask scheduler's address (grader.cluster); "" for the local pool
     students: list[str] | None = None
     assignments: list[str] | None = None
@@ -232,7 +233,7 @@ def _grade(units: list[Unit], ws: Workspace, source_root: Path, options: Options
                                cell_timeout=options.cell_timeout, notebook_timeout=options.notebook_timeout,
                                answer_timeout=options.answer_timeout,
                                compile_cache=warming.cache_for(unit.assignment) if warming else "",
-                               run_lessons=options.run_lessons,
+                               run_lessons=options.run_lessons, feedback=options.feedback,
                                sandbox=policy, expect=expect)))
     notebooks = max((len(list((source_root / u.assignment).glob("*.ipynb"))) for u in todo), default=1)
     limit = notebooks * (options.notebook_timeout + 120) + 120

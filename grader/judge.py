@@ -23,10 +23,14 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from nbformat.v4 import new_output
-
 from course import observe
 from grader.codes import Code
+
+try:  # bench/gpu_check.py decides test cells here on a GPU machine that may have only torch, numpy and pytest
+    from nbformat.v4 import new_output
+except ModuleNotFoundError:
+    def new_output(output_type: str, **fields) -> dict:
+        return {"output_type": output_type, **fields}
 
 BEGIN, END = "### BEGIN JUDGE", "### END JUDGE"
 HELD = Code.REVIEW.mark          # the error name of a held cell

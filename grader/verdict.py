@@ -89,6 +89,7 @@ class Job:
     answer_timeout: int = 0       # seconds for an answer cell; 0: the cell timeout
     compile_cache: str = ""       # a warm torch.compile cache on the grading machine ("" for none)
     run_lessons: bool = False     # run every lesson code cell, as plain nbgrader does (grader.lessons)
+    feedback: bool = True         # make the HTML feedback here (else `python -m grader feedback` makes it later)
     sandbox: str = ""             # GRADER_SANDBOX for the kernels ("require" holds on every worker)
     expect: dict = field(default_factory=dict)   # the grader's project tree and torch: a worker that differs refuses
 

@@ -220,7 +220,7 @@ def _grade_in(job: Job, scratch: Path, course: Path) -> Verdict:
     verdict.notes, verdict.graded = notes, sorted(graded)
     verdict.autograded = _read(output) if output.is_dir() else {}
     verdict.submitted = _read(course / "submitted" / ALIAS / assignment)
-    verdict.feedback = _feedback(base_config(course), assignment, course) if graded else {}
+    verdict.feedback = _feedback(base_config(course), assignment, course) if graded and job.feedback else {}
     handler.close()
     verdict.log = log.read_text(errors="replace") if log.is_file() else ""
     verdict.events = read_events(events)
