@@ -196,8 +196,11 @@ def _interrupted(fn, after: float) -> None:
     """Call fn() and deliver a KeyboardInterrupt to this (the main) thread `after` seconds in, as the notebook's
     interrupt button, or the grader at a cell's time limit, delivers one to the kernel."""
     import _thread
+    import signal
     import threading
 
+    # interrupt_main does nothing where SIGINT is ignored, as in a pytest that a shell started in the background
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(after, _thread.interrupt_main)
     timer.start()
     try:
@@ -206,6 +209,7 @@ def _interrupted(fn, after: float) -> None:
             time.sleep(60)  # fn returned first: the interrupt lands here
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, handler)
 
 
 def test_an_interrupted_cell_breaks_no_later_test_cell(group):
