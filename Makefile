@@ -11,8 +11,9 @@ INSTALL_ARGS ?=
 # pytest-xdist workers for `make test`: auto is one more than the cores (see tests/conftest.py, which also orders the
 # files, costliest first; each file runs whole on one worker).
 TEST_WORKERS ?= auto
-# One file per worker at a time, in the order tests/conftest.py gives (costliest first); needs pytest-xdist >= 3.8.
-XDIST_ARGS := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# One group per worker at a time (a file, unless its tests name a group: tests/conftest.py), in the order conftest
+# gives (costliest first); needs pytest-xdist >= 3.8.
+XDIST_ARGS := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # The GPU targets need no `make install` (a GPU machine may have only torch, numpy and pytest, and no network):
 # they use .venv's python when there is one, else $(PYTHON).
 GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
@@ -22,7 +23,7 @@ GPU_CHECK_OUT ?= reference
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-install test-alternatives test-gpu gpu-check install sandbox browser lint release check grade bench clean
+.PHONY: lab test test-quick test-install test-gpu gpu-check install sandbox browser lint release check grade bench clean
 
 install: $(STAMP)
 
@@ -53,27 +54,22 @@ browser:
 lab: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/grader $(VENV)/bin/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/exercises $(LAB_ARGS)
 
-# The main suite, then the installed course (test-install) once it passes.
+# The whole proof, in one pytest session over every core (CI runs this); at its end, what each test file cost.
 test: install sandbox browser lint
-	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 --ignore=tests/test_install.py --ignore=tests/test_alternatives.py \
-	  $(PYTEST_ARGS)
-	@$(MAKE) --no-print-directory test-install
-	@$(MAKE) --no-print-directory test-alternatives
+	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=10 $(PYTEST_ARGS)
 
-# The course as learners and instructors install it (tests/test_install.py): the learner edition installed by its
-# Colab cell into a fresh environment with another torch release (COURSE_OTHER_TORCH: a wheel or a folder of them,
-# default /opt/wheels; without one, the project's torch, and the run says why), every exercise and solution run
-# there; the instructor's wheel installed and grading one student. Its notebooks run two at a time, so it runs after
-# the main suite rather than beside it. The environment is built once into .test-venvs/ (git-ignored) while its
-# inputs stay the same.
+# The inner loop (at most 5 minutes on 2 cores): the linter, the library and visible-check tests and one smoke case
+# of real grading; its last lines name every file it leaves out (tests/tiers.py). Not a substitute for `make test`.
+test-quick: install sandbox lint
+	$(PY) -m pytest $(XDIST_ARGS) -rs --durations=5 --quick $(PYTEST_ARGS)
+
+# The course as learners and instructors install it (tests/test_install.py, also a part of `make test`), alone: the
+# learner edition installed by its Colab cell into a fresh environment with another torch release (COURSE_OTHER_TORCH:
+# a wheel or a folder of them, default /opt/wheels; without one, the project's torch, and the run says why), every
+# exercise and solution run there; the instructor's wheel installed and grading one student. The environment is built
+# once into .test-venvs/ (git-ignored) while its inputs stay the same.
 test-install: install
 	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_install.py $(INSTALL_ARGS)
-
-# Every variant of the mutation catalogue through real grading (tests/test_alternatives.py): the correct ones with
-# real nbgrader (one long batch in two courses side by side), the wrong ones with the course grader; a session of its
-# own rather than one worker of the main suite's.
-test-alternatives: install
-	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_alternatives.py
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install

@@ -1,7 +1,7 @@
 """Shared pytest setup: headless plots, GPU tests skipped with a reason where no CUDA GPU exists, test files whose
 imports are not installed left out with a reason (a GPU machine with only torch, numpy and pytest: `make test-gpu`),
-the costliest files first, one nbgrader run planned for every round-trip test, and the mutation catalogue's detection
-rate at the end."""
+the costliest files first, one nbgrader run planned for every round-trip test, and at the end the mutation catalogue's
+detection rate and what each test file cost (tests/suitecost.py)."""
 import ast
 import importlib.util
 import os
@@ -18,20 +18,29 @@ _LEFT_OUT: dict[str, list[str]] = {}  # test file -> the packages it imports tha
 JUPYTER = frozenset({"nbformat", "nbclient", "nbconvert", "nbgrader", "ipykernel", "jupyter_client", "jupyter_core",
                      "IPython", "playwright"})
 
-# The costliest test files, costliest first (from `--durations`). pytest-xdist (`make test`: -n auto --dist loadfile)
-# runs each file whole on one worker, and starting the long ones first keeps every core busy to the end. The order
-# changes only the wall time; tests within a file keep their order.
-COSTLIEST = ["test_roundtrip.py", "test_attacks.py", "test_browser.py", "test_grader.py", "test_cluster.py",
-             "test_mutations.py",
-             "test_distributed.py", "test_sandbox.py", "test_readme.py"]
+# The costliest groups first (from the cost table every run prints: tests/suitecost.py), then the rest, then LAST.
+# pytest-xdist (`make test`: -n auto --dist loadgroup) runs each group whole on one worker (a file, unless its tests
+# name another group; each test of a SPREAD file is a unit of its own), and starting the long ones first keeps every
+# core busy to the end. An entry is a file or one test of it ("file::name[id]"). The order changes only the wall time.
+COSTLIEST = ["test_attacks.py",  # makes the course batch (tests/batches.py) that test_alternatives and others read
+             "test_roundtrip.py",  # makes the plain nbgrader batch
+             "test_mutations.py::test_catalogue_variants_are_judged_right[compile-compile_report]",
+             "test_mutations.py::test_catalogue_variants_are_judged_right[compile-fit]",
+             "test_browser.py", "test_install.py",
+             "test_grader.py",  # grades the class test_cluster reads (tests/students.py)
+             "test_distributed.py", "test_mutations.py", "test_sandbox.py", "test_lessons.py", "test_readme.py"]
+# Files that read what the costliest make: last, so that they seldom wait for it.
+LAST = ["test_cluster.py", "test_integrity.py", "test_alternatives.py"]
+SPREAD = {"test_mutations.py"}  # no module fixtures: its tests spread over the workers one by one
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: plain pytest (make test-gpu) runs without the plugin
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than the cores, because many tests wait (on kernels, servers, subprocesses and
-    timeouts) rather than compute; on 2 cores 3 workers kept the CPU busy to the end where 2 left ~15% of it idle."""
+    """`-n auto`: two workers more than the cores, because many tests wait (on kernels, servers, subprocesses,
+    timeouts and the simulated GPU's paced work) rather than compute: on 2 cores with 3 workers the whole session
+    used 54% of the CPU (user and system time of every process it waited for, against 2 x its wall time)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1  # the cores this process may use (a container's share), not the host's
+    return cores + 2  # the cores this process may use (a container's share), not the host's
 
 
 def _local_files(module: str, names: list[str]) -> list[Path]:
@@ -65,6 +74,40 @@ def missing_imports(path: Path, seen: set[Path] | None = None) -> list[str]:
     return sorted(set(missing))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true", help="the inner-loop tier (make test-quick, tests/tiers.py): "
+                     "leaves out the files that grade notebooks, serve JupyterLab or build environments; names them")
+
+
+def pytest_configure(config):
+    """What each test file cost, printed at the end (tests/suitecost.py); the quick tier under --quick."""
+    from tests.suitecost import SuiteCost
+
+    config.pluginmanager.register(SuiteCost(config), "suite-cost")
+    if config.getoption("--quick"):
+        from tests.tiers import QuickTier
+
+        config.pluginmanager.register(QuickTier(), "quick-tier")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """`make lab` on a copy of the tree (tests/labserver.py): one server for the session's tests that look at
+    JupyterLab. Mark them `pytest.mark.xdist_group("lab")`, so that one worker runs them all with one server."""
+    from tests.labserver import learner_lab
+
+    with learner_lab(tmp_path_factory.mktemp("lab")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_folder(tmp_path_factory):
+    """Where tests/shared.py keeps what the session makes once: the session's folder, shared by its xdist workers."""
+    from tests import shared
+
+    shared.configure(tmp_path_factory.getbasetemp())
+
+
 def pytest_ignore_collect(collection_path, config):
     """Leave out a test file whose module-level imports are not installed (reported at the end), instead of failing
     the whole collection: `make test-gpu` must collect on a GPU machine with only torch, numpy and pytest."""
@@ -96,34 +139,58 @@ def pytest_collection_finish(session):
     _plan_grading(session.items)  # after -k / -m deselection: grade only what the selected tests ask for
 
 
+@pytest.hookimpl(wrapper=True)  # before every other plugin's, pytest-xdist's among them, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(COSTLIEST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the other files keep pytest's order
-    if not any(item.get_closest_marker("gpu") for item in items):
-        return
-    import torch
+    """The costliest files first; each test in the xdist group of its file unless it names one (`make test` runs
+    `--dist loadgroup`: a group runs whole on one worker, so a module fixture is made once); GPU tests skipped
+    with the reason where there is no CUDA GPU."""
+    order = [*COSTLIEST, "", *LAST]
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False); run `make test-gpu` on one")
+    def rank(item) -> int:
+        here = (f"{item.path.name}::{item.name}", item.path.name)
+        return next((i for i, entry in enumerate(order) if entry in here), order.index(""))
+    items.sort(key=rank)  # stable: the other files keep pytest's order
     for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(skip)
+        if item.get_closest_marker("xdist_group") is None and item.path.name not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    if any(item.get_closest_marker("gpu") for item in items):
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False); run "
+                                           "`make test-gpu` on one")
+            for item in items:
+                if item.get_closest_marker("gpu"):
+                    item.add_marker(skip)
+    result = yield
+    if getattr(config.option, "loadgroup", False) and items and "@" not in items[0].nodeid:  # xdist adds "@group"
+        raise pytest.UsageError("--dist loadgroup did not group the tests (pytest-xdist#1386: pytest 9.2 and later "
+                                "keep node ids where pytest-xdist 3.8 cannot mark them): each test would run apart "
+                                "from its module fixtures. Install the pytest pyproject.toml asks for (make install)")
+    return result
 
 
 def _plan_grading(items) -> None:
-    """Tell the harness which assignments the selected tests will ask nbgrader about, so it grades them in one batch.
+    """Plan the session's two grading batches from the selected tests, so that each is graded once, whole.
 
-    `@pytest.mark.roundtrip(assignment, variants=callable)`: the test reads `tests.harness.graded(assignment)`.
+    `@pytest.mark.roundtrip(assignment, variants=callable)`: the test reads `tests.batches.plain(assignment)`, real
+    nbgrader's verdict; `@pytest.mark.course_batch(provider=callable)`: it reads `tests.batches.course()`, the
+    course grader's.
     """
-    planned = [(item, mark) for item in items for mark in item.iter_markers("roundtrip")]
-    if not planned:  # tests.harness reaches nbgrader's tooling: import it only when a round trip is asked for
-        return
-    from tests import harness
+    providers = [mark.kwargs["provider"] for item in items for mark in item.iter_markers("course_batch")]
+    if providers:
+        from tests import batches
 
-    for _, mark in planned:
+        for provider in providers:
+            batches.plan_course(provider)
+    planned = [mark for item in items for mark in item.iter_markers("roundtrip")]
+    if not planned:  # tests.batches reaches nbgrader's tooling: import it only when a batch is asked for
+        return
+    from tests import batches
+
+    for mark in planned:
         variants = mark.kwargs.get("variants")
-        harness.plan(mark.args[0], variants() if variants else ())
+        batches.plan_plain(mark.args[0], variants() if variants else ())
 
 
 _MUTATIONS: list[tuple[str, str, bool, bool, bool]] = []

@@ -1,10 +1,13 @@
 """`make lab` as a learner starts it, on a copy of the tree, for the tests that look at JupyterLab (README, browser).
 
 The copy keeps the server's gradebook and exchange folder out of the repository; `.venv` is linked, not copied.
+`learner_lab` is the one server of a session (conftest's `lab` fixture, for the tests of xdist group "lab"): JupyterLab
+set up for a test that drives it in a browser, which the README's HTTP checks read as well.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -50,6 +53,29 @@ def get(port: int, token: str, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+@contextlib.contextmanager
+def learner_lab(tmp: Path) -> Iterator[Lab]:
+    """`make lab` as tests/test_browser.py drives it, until the block ends."""
+    # All cells stay in the page (no windowing), so that outputs far down a notebook can be counted.
+    settings = tmp / "lab-settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"  # no "get Jupyter news?" pop-up over cells
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    # The test saves each notebook itself. Autosave racing that save, or a save slower than the 0.5 s margin on a busy
+    # machine, opens a spurious "File Changed" dialog over the page (jupyterlab/jupyterlab#7743) that blocks every
+    # later click; nothing else writes these files.
+    docs = tmp / "lab-settings" / "@jupyterlab" / "docmanager-extension"
+    docs.mkdir(parents=True)
+    (docs / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False, "lastModifiedCheckMargin": 60_000}))
+    env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+           "MPLBACKEND": None}  # conftest sets Agg for pytest; kernels must use the notebook's inline backend
+    # expose_app_in_browser: the browser test opens notebooks through JupyterLab's own commands (window.jupyterapp).
+    with make_lab(tmp, "learner-lab", args="--LabApp.expose_app_in_browser=True", env=env) as server:
+        yield server
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from grader.cli import main
 from grader.nbtools import ROOT, SOLUTION_MARKERS, grade_id, nbgrader_meta, read
 from grader.release import generate
+from tests import shared
 
 ASSIGNMENT = "00-fixture"
 POINTS = {"test_square": 1, "test_halve": 2, "test_mean": 4, "test_double": 8}
@@ -192,6 +193,32 @@ def make_student(dest: Path, kind: str, release_dir: Path, source_dir: Path, see
     if kind == "extra_files":
         (dest / "notes.txt").write_text("my notes\n")
         (dest / "scratch.ipynb").write_text(json.dumps(nbformat.v4.new_notebook()))
+
+
+# The class of tests/test_grader.py, which tests/test_cluster.py grades a part of on a Dask cluster: student -> kind
+# for make_student. It is built and graded once per session (graded_class), whichever of them asks first.
+KINDS = {"right": "right", "blank": "blank", "wrong-even": "wrong:0", "wrong-odd": "wrong:1", "empty": "empty",
+         "invalid-json": "invalid_json", "truncated": "truncated", "renamed": "renamed", "missing": "missing",
+         "extra-files": "extra_files", "wrong-kernel": "wrong_kernel", "tampered": "tampered", "forever": "forever",
+         "memory": "memory", "os-exit": "os_exit", "segfault": "segfault", "sys-exit": "sys_exit", "flood": "flood",
+         "writes-files": "writes_files", "held": "held", "peeks": "peeks"}
+# 10 s a cell: on a busy machine (the suite runs files side by side) the memory bomb took over 4 s to reach its limit
+LIMITS = ("--timeout", "10", "--memory", "512M")
+
+
+def graded_class() -> tuple[Path, Path, Path, str]:
+    """The class of KINDS graded by the local pool with `python -m grader all --jobs 4` (feedback, export and
+    summary included), once per session: (solutions, submissions, workspace, the grader's stdout)."""
+    def make(root: Path) -> None:
+        solutions, submissions = build_class(root, KINDS)
+        before = tree_digest(submissions)
+        stdout = grader("all", str(submissions), "--out", str(root / "grading"), "--solutions", str(solutions),
+                        "--jobs", "4", *LIMITS)
+        assert tree_digest(submissions) == before, "grading modified the submissions folder"
+        (root / "stdout.txt").write_text(stdout)
+
+    root = shared.once("fixture-class", make)
+    return root / "solutions", root / "submissions", root / "grading", (root / "stdout.txt").read_text()
 
 
 def release_of(solutions: Path, assignment: str, scratch: Path) -> Path:

@@ -298,7 +298,8 @@ def test_notebook_never_uses_the_deprecated_api():
 
 def test_the_warning_variant_really_warns():
     """The catalogue's correct amp_train_step that enters torch.autocast without enabled= for fp32 gets autocast's
-    "Disabling autocast" UserWarning; tests/test_roundtrip.py proves that real nbgrader gives it full marks anyway."""
+    "Disabling autocast" UserWarning; tests/test_alternatives.py proves that real nbgrader gives it every point
+    anyway."""
     from tests.harness import named_variant
 
     [warns] = named_variant("amp", "autocast_without_enabled")

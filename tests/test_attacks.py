@@ -5,13 +5,16 @@
   earns nothing (a pasted cell is not run; an answer cell that reaches into the interpreter is held for review,
   with the cell, the line and the operation). The control: the same pasted cells, graded by plain nbgrader (which
   runs every cell and reads the test cells' first outputs), earn points, so each attack is real.
-- Every module of the course: its solution with every attack pasted, graded by the course's grader with the judges
-  in the grader's process, keeps full marks; the released stubs with every pasted attack and an answer-cell attack
-  score 0 on every test and are held for review.
+- Every module of the course: its solution with every attack pasted and a runaway loop in its first answer, graded
+  by the course's grader with the judges in the grader's process, keeps full marks; the released stubs with every
+  pasted attack and an answer-cell attack score 0 on every test and are held for review.
+Every student here is graded once per session with the others of the course batch (tests/batches.py), whose
+options they share (answer cells limited to 20 s, no HTML feedback).
 """
 from __future__ import annotations
 
 import copy
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -21,8 +24,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from grader import sandbox
 from grader.nbtools import EXERCISES, SOLUTIONS, assignments, cell_scores, grade_id, nbgrader, nbgrader_meta, read
 from grader.release import generate
+from tests import batches
 from tests.attacks import ADDED, ANSWER, Attack
-from tests.harness import course_grader_rows
 from tests.mutations import solution_cell
 
 AVAILABLE, WHY = sandbox.status()
@@ -149,37 +152,33 @@ def _submission(release: nbformat.NotebookNode, answer: str | None = None, added
     return nb
 
 
-def _write(folder: Path, student: str, assignment: str, name: str, nb: nbformat.NotebookNode) -> None:
-    dest = folder / student / assignment
-    dest.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, dest / name)
-
-
-def _grade(submissions: Path, solutions: Path, out: Path, *args: str) -> dict[tuple[str, str], dict]:
-    return course_grader_rows(submissions, out, *args, solutions=solutions)
-
-
-@pytest.fixture(scope="module")
-def mini(tmp_path_factory):
-    root = tmp_path_factory.mktemp("attacks")
-    source = _mini_source(root / "solutions")
-    release = read(generate(["mini"], source, root / "course") / "mini" / "mini.ipynb")
+def _mini(batch: batches.Folders) -> None:
+    """The small assignment and its students, for the course batch (tests/batches.py)."""
+    source = _mini_source(batch.solutions)
+    with tempfile.TemporaryDirectory() as scratch:
+        release = read(generate(["mini"], source, Path(scratch)) / "mini" / "mini.ipynb")
     students = {name: _submission(release, answer) for name, answer in ANSWERS.items()}
     students["stub"] = _submission(release)
     students |= {f"added-{a.name}": _submission(release, ANSWERS["nothing"], added=[a]) for a in ADDED}
     students |= {f"answer-{a.name}": _submission(release, ANSWERS["nothing"], appended=a) for a in ANSWER}
     for student, nb in students.items():
-        _write(root / "submitted", student, "mini", "mini.ipynb", nb)
-    rows = _grade(root / "submitted", source, root / "grading", "--jobs", "2")
-    return root, release, rows
+        batch.write(student, "mini", nb)
+
+
+@pytest.fixture(scope="module")
+def mini():
+    graded = batches.course()
+    rows = {(s, g): r for (s, a, g), r in graded.rows.items() if a == "mini"}
+    return graded, rows
 
 
 def _points(row: dict) -> float:
     return float(row["points"])
 
 
+@pytest.mark.course_batch(provider=_mini)
 def test_the_right_answer_alone_earns_the_points(mini):
-    _, _, rows = mini
+    _, rows = mini
     assert _points(rows["right", "test_add"]) == 2, rows["right", "test_add"]
     assert _points(rows["honest", "test_add"]) == 2 and "held" not in rows["honest", "test_add"]["reason"], \
         rows["honest", "test_add"]
@@ -188,38 +187,41 @@ def test_the_right_answer_alone_earns_the_points(mini):
     assert _points(rows["stub", "test_add"]) == 0 and _points(rows["nothing", "test_add"]) == 0
 
 
+@pytest.mark.course_batch(provider=_mini)
 def test_a_forged_observation_is_held_for_review(mini):
-    _, _, rows = mini
+    _, rows = mini
     row = rows["forged", "test_add"]
     assert _points(row) == 0 and "HeldForReview" in row["reason"] and "observations it did not send" in row["reason"]
 
 
+@pytest.mark.course_batch(provider=_mini)
 @pytest.mark.parametrize("attack", ADDED, ids=lambda a: a.name)
 def test_a_pasted_cell_earns_nothing(mini, attack):
     """The grader does not run cells a student added: the pasted attack scores what the do-nothing stub scores, 0."""
-    root, _, rows = mini
+    batch, rows = mini
     assert _points(rows[f"added-{attack.name}", "test_add"]) == 0, rows[f"added-{attack.name}", "test_add"]
-    graded = read(root / "grading" / "autograded" / f"added-{attack.name}" / "mini" / "mini.ipynb")
+    [graded] = batch.autograded(f"added-{attack.name}", "mini")
     pasted = [c for c in graded.cells if c.cell_type == "code" and c.source == attack.code]
     assert len(pasted) == 1 and "not run" in pasted[0].outputs[0]["text"], "kept for the feedback, marked not run"
 
 
+@pytest.mark.course_batch(provider=_mini)
 @pytest.mark.parametrize("attack", ANSWER, ids=lambda a: a.name)
 def test_an_answer_cell_that_reaches_into_the_interpreter_is_held(mini, attack):
-    _, _, rows = mini
+    _, rows = mini
     reason = rows[f"answer-{attack.name}", "test_add"]["reason"]
     assert _points(rows[f"answer-{attack.name}", "test_add"]) == 0
     assert reason.startswith("HeldForReview: held for review because of cell `add`"), reason
 
 
-def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
+def test_control_plain_nbgrader_gives_the_pasted_attacks_points(tmp_path):
     """The attacks are real: nbgrader run on its own (every cell runs, the first output decides) gives them points."""
-    root, release, _ = mini
     course = tmp_path / "course"
-    generate(["mini"], root / "solutions", course)
+    release = read(generate(["mini"], _mini_source(tmp_path / "solutions"), course) / "mini" / "mini.ipynb")
     for attack in ADDED:
-        _write(course / "submitted", attack.name, "mini", "mini.ipynb",
-               _submission(release, ANSWERS["nothing"], added=[attack]))
+        dest = course / "submitted" / attack.name / "mini"
+        dest.mkdir(parents=True)
+        nbformat.write(_submission(release, ANSWERS["nothing"], added=[attack]), dest / "mini.ipynb")
     nbgrader("autograde", "mini", "--create", root=course, timeout=600)
     scores = {row.student: row.score for row in cell_scores(course, "mini")}
     assert scores == {a.name: 2 for a in ADDED}, scores
@@ -228,14 +230,11 @@ def test_control_plain_nbgrader_gives_the_pasted_attacks_points(mini, tmp_path):
 RUNAWAY = "\nimport time\nwhile True:      # a learner's loop left running in an answer cell\n    time.sleep(0.01)\n"
 
 
-def test_every_module_judged_outside_the_kernel(tmp_path):
-    """Each module's solution, with every attack pasted after its first answer, keeps full marks with its judges in
-    the grader's process; its stubs with every attack pasted and one in the first answer cell earn nothing and are
-    held for review. And a correct solution whose first answer cell then loops forever, stopped at its time limit
-    (the kernel interrupted, while the distributed workers or the simulated GPU may be in use), keeps every point of
-    the tests after it (#22)."""
-    names = assignments()
-    for assignment in names:
+def _every_module(batch: batches.Folders) -> None:
+    """Per module, for the course batch: "solution", the solution with every attack pasted after its first answer and
+    a runaway loop at the end of that answer; "hostile", the released stubs with every attack pasted and one in the
+    first answer cell."""
+    for assignment in assignments():
         for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
             release = read(EXERCISES / assignment / path.name)
             solved = copy.deepcopy(release)
@@ -243,29 +242,29 @@ def test_every_module_judged_outside_the_kernel(tmp_path):
                 if nbgrader_meta(cell).get("solution"):
                     cell.source = solution_cell(f"{assignment}/{path.name}", grade_id(cell))
             solved = _submission(solved, added=ADDED)  # pasted cells are not run: they cost nothing either
-            _write(tmp_path / "submitted", "solution", assignment, path.name, solved)
-            hostile = _submission(release, added=ADDED, appended=ANSWER[0])
-            _write(tmp_path / "submitted", "hostile", assignment, path.name, hostile)
-            runaway = _submission(solved)
-            runaway.cells[next(i for i, c in enumerate(runaway.cells) if nbgrader_meta(c).get("solution"))].source \
+            solved.cells[next(i for i, c in enumerate(solved.cells) if nbgrader_meta(c).get("solution"))].source \
                 += RUNAWAY
-            _write(tmp_path / "submitted", "runaway", assignment, path.name, runaway)
-    # answer cells hold definitions: 20 s each, so that the runaway costs 20 s, not the 180 s cell limit
-    rows = _grade(tmp_path / "submitted", SOLUTIONS, tmp_path / "grading", "--no-compile-cache",
-                  "--answer-timeout", "20")
-    tests = {(s, g): r for (s, g), r in rows.items()}
-    solution = {g: r for (s, g), r in tests.items() if s == "solution"}
-    hostile = {g: r for (s, g), r in tests.items() if s == "hostile"}
-    runaway = {g: r for (s, g), r in tests.items() if s == "runaway"}
-    assert solution and set(solution) == set(hostile) == set(runaway)
+            batch.write("solution", assignment, solved, path.name)
+            batch.write("hostile", assignment, _submission(release, added=ADDED, appended=ANSWER[0]), path.name)
+
+
+@pytest.mark.course_batch(provider=_every_module)
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_module_judged_outside_the_kernel(assignment):
+    """The module's solution, with every attack pasted after its first answer, keeps full marks with its judges in
+    the grader's process, although that first answer cell then loops forever: stopped at its time limit (the kernel
+    interrupted, while the distributed workers or the simulated GPU may be in use), it leaves every later test its
+    points (#22). The released stubs with every attack pasted and one in the first answer cell earn nothing and are
+    held for review."""
+    batch = batches.course()
+    solution, hostile = batch.student("solution", assignment), batch.student("hostile", assignment)
+    assert solution and set(solution) == set(hostile), (sorted(solution), sorted(hostile))
     lost = {g: r["reason"] for g, r in solution.items() if float(r["points"]) != float(r["max_points"])}
-    assert not lost, lost
-    lost = {g: r["reason"] for g, r in runaway.items() if float(r["points"]) != float(r["max_points"])}
     assert not lost, f"after an answer cell stopped at its time limit: {lost}"
-    for path in sorted((tmp_path / "grading" / "autograded" / "runaway").glob("*/*.ipynb")):
-        first = next(c for c in read(path).cells if nbgrader_meta(c).get("solution"))
+    for nb in batch.autograded("solution", assignment):
+        first = next(c for c in nb.cells if nbgrader_meta(c).get("solution"))
         assert [o.get("ename") for o in first.outputs if o.get("output_type") == "error"][-1:] == \
-            ["CellTimeoutError"], f"{path.name}: the runaway was not stopped at the answer time limit"
+            ["CellTimeoutError"], "the runaway was not stopped at the answer time limit"
     earned = {g: r["points"] for g, r in hostile.items() if float(r["points"]) != 0}
     assert not earned, earned
     unheld = {g: r["reason"] for g, r in hostile.items() if "held for review" not in r["reason"]}

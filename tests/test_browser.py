@@ -22,15 +22,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.labserver import make_lab
 from tests.test_runall import unsolved_run_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "browser-shots"
 SOLUTION = "solutions/04-amp/amp.ipynb"  # must run clean and validate (24 s; its explorer shows only when solved)
 RUN_LIMIT_S = 300                              # per notebook, on a busy 2-core machine; the test reports real times
+AT_ONCE = 3  # notebooks open and running together: nine kernels at once held about 7 GB beside the other tests
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("lab")]  # one JupyterLab for this file and test_readme
 
 
 def chromium() -> str | None:
@@ -56,34 +56,10 @@ def _skip_reason() -> str | None:
 
 
 if _skip_reason():
-    pytestmark = [pytestmark, pytest.mark.skip(reason=_skip_reason())]
+    pytestmark = [*pytestmark, pytest.mark.skip(reason=_skip_reason())]
 
 
 # ---------------------------------------------------------------- the server and the browser
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """`make lab` on a copy of the tree: (base URL, token, tree, log path)."""
-    tmp = tmp_path_factory.mktemp("lab")
-    # All cells stay in the page (no windowing), so that outputs far down a notebook can be counted.
-    settings = tmp / "lab-settings" / "@jupyterlab" / "notebook-extension"
-    settings.mkdir(parents=True)
-    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-    news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"  # no "get Jupyter news?" pop-up over cells
-    news.mkdir(parents=True)
-    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    # The test saves each notebook itself. Autosave racing that save, or a save slower than the 0.5 s margin on a busy
-    # machine, opens a spurious "File Changed" dialog over the page (jupyterlab/jupyterlab#7743) that blocks every
-    # later click; nothing else writes these files.
-    docs = tmp / "lab-settings" / "@jupyterlab" / "docmanager-extension"
-    docs.mkdir(parents=True)
-    (docs / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False, "lastModifiedCheckMargin": 60_000}))
-    env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
-           "MPLBACKEND": None}  # conftest sets Agg for pytest; kernels must use the notebook's inline backend
-    # expose_app_in_browser: the test opens notebooks through JupyterLab's own commands (window.jupyterapp).
-    with make_lab(tmp, "browser-test", args="--LabApp.expose_app_in_browser=True", env=env) as server:
-        yield server.url, server.token, server.tree, server.log
-
 
 @pytest.fixture(scope="module")
 def browser():
@@ -270,9 +246,10 @@ def explore(page, panel_id: str, name: str) -> list[str]:
     return problems
 
 
-def run_notebooks(page, lab, paths: list[str], *, solved: bool) -> dict[str, list[str]]:
-    """Open every notebook, Run All in each (kernels work in parallel), then check each; problems by notebook."""
-    _, _, tree, _ = lab
+def run_notebooks(page, lab, paths: list[str], *, solved: bool, close: bool = True) -> dict[str, list[str]]:
+    """Open every notebook, Run All in each (kernels work in parallel), then check each (and close it, unless
+    `close` is False); problems by notebook."""
+    tree = lab.tree
     panels = {path: open_notebook(page, path) for path in paths}
     for panel_id in panels.values():
         run_all_from_menu(page, panel_id)
@@ -291,7 +268,18 @@ def run_notebooks(page, lab, paths: list[str], *, solved: bool) -> dict[str, lis
         found += explore(page, panel_id, path)
         shot(page, path)
         problems[path] = found
+        if close:
+            close_notebook(page, panel_id)
     return problems
+
+
+def close_notebook(page, panel_id: str) -> None:
+    """Shut the notebook's kernel down and close its panel (already saved): the server serves the session's other
+    tests afterwards, and nine idle kernels would hold several GB until it stops."""
+    page.evaluate("""async (id) => {
+        const w = [...window.jupyterapp.shell.widgets('main')].find(w => w.id === id);
+        if (w) { await w.sessionContext.shutdown(); w.dispose(); }
+    }""", panel_id)
 
 
 def _notebooks(folder: str) -> list[str]:
@@ -305,7 +293,7 @@ def _report(problems: dict[str, list[str]]) -> str:
 
 @pytest.fixture(scope="module")
 def page(lab, browser):
-    url, token, _, _ = lab
+    url, token = lab.url, lab.token
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     p = context.new_page()
     p.goto(f"{url}/lab/tree/exercises?token={token}")
@@ -317,14 +305,16 @@ def page(lab, browser):
 
 def test_run_all_runs_every_exercise_with_failures_only_in_test_cells(page, lab):
     start = time.monotonic()
-    problems = run_notebooks(page, lab, _notebooks("exercises"), solved=False)
+    notebooks, problems = _notebooks("exercises"), {}
+    for i in range(0, len(notebooks), AT_ONCE):
+        problems |= run_notebooks(page, lab, notebooks[i:i + AT_ONCE], solved=False)
     print(f"browser: Run All of {len(problems)} exercise notebooks checked in {time.monotonic() - start:.0f} s")
     assert not any(problems.values()), _report(problems)
 
 
 def test_a_solution_runs_clean_and_validates(page, lab):
     start = time.monotonic()
-    problems = run_notebooks(page, lab, [SOLUTION], solved=True)
+    problems = run_notebooks(page, lab, [SOLUTION], solved=True, close=False)
     assert not any(problems.values()), _report(problems)
     # nbgrader's Validate button in the notebook toolbar runs the saved notebook as the grader would.
     page.locator(".jp-NotebookPanel:visible .jp-Toolbar").get_by_text("Validate", exact=True).click()
@@ -337,13 +327,14 @@ def test_a_solution_runs_clean_and_validates(page, lab):
     print(f"browser: solution Run All + Validate in {time.monotonic() - start:.0f} s")
     assert "Success" in text and not re.search(r"error|failed|Traceback", text, re.I), f"Validate says:\n{text}"
     dialog.get_by_role("button").last.click()
+    close_notebook(page, page.evaluate("() => window.jupyterapp.shell.currentWidget.id"))
 
 
 ERROR_TEXT = re.compile(r"error|does not exist|Traceback|Loading, please wait", re.I)
 
 
 def test_formgrader_and_assignment_list_show_no_error(page, lab):
-    url, token, _, log_path = lab
+    url, token, log_path = lab.url, lab.token, lab.log
     formgrader = page.context.new_page()
     formgrader.goto(f"{url}/formgrader?token={token}")
     formgrader.wait_for_function("() => !/Loading, please wait/.test(document.body.innerText)", timeout=60_000)

@@ -1,10 +1,12 @@
-"""Grading on a real Dask cluster: a `dask scheduler` and two `dask worker` processes on 127.0.0.1, started and
-stopped here. A small class graded through `--cluster` comes out byte for byte as from the local pool (grades.csv,
-tests.csv and the feedback), also when one worker is killed mid-run: its job runs again on the other one, and
-nothing is lost or merged twice."""
+"""Grading on a real Dask cluster: a `dask scheduler` and two `dask worker` processes on 127.0.0.1, started once for
+this file and stopped here. A part of tests/test_grader.py's class (tests/students.py, graded once per session by the
+local pool) graded through `--cluster` comes out byte for byte as the local pool graded it (those students' rows of
+grades.csv and tests.csv, and their feedback), also when one worker is killed mid-run: its job runs again on the
+other one, and nothing is lost or merged twice."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,24 +17,25 @@ import pytest
 from grader.nbtools import ROOT, config_env
 from tests import students
 from tests.daskcluster import LocalCluster
-from tests.students import grader, tree_digest
+from tests.students import LIMITS, grader, tree_digest
 
-CLASS = {"right": "right", "wrong-odd": "wrong:1", "truncated": "truncated", "os-exit": "os_exit",
-         "renamed": "renamed", "sys-exit": "sys_exit"}
-LIMITS = ["--timeout", "10", "--memory", "512M"]
+CLASS = ["os-exit", "renamed", "right", "sys-exit", "truncated", "wrong-odd"]
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """The class graded by the local pool with `python -m grader all`: (solutions, submissions, workspace)."""
-    root = tmp_path_factory.mktemp("cluster-class")
-    solutions, submissions = students.build_class(root, CLASS)
-    out = root / "local"
-    grader("all", str(submissions), "--out", str(out), "--solutions", str(solutions), "--jobs", "2", *LIMITS)
-    return solutions, submissions, out
+    """(solutions, this file's part of the class as a submissions folder, the local pool's workspace)."""
+    solutions, submissions, out, _ = students.graded_class()
+    part = tmp_path_factory.mktemp("cluster-class") / "submissions"
+    for student in CLASS:
+        shutil.copytree(submissions / student, part / student)
+    return solutions, part, out
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    started = LocalCluster(tmp_path)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One scheduler and two workers for the file (the killing test runs last: it leaves one worker)."""
+    started = LocalCluster(tmp_path_factory.mktemp("dask"))
     try:
         for name in ("worker-a", "worker-b"):
             started.add_worker(name)
@@ -42,13 +45,21 @@ def cluster(tmp_path):
         started.close()
 
 
+def _lines(path: Path) -> str:
+    """A CSV's header and the rows of this file's students."""
+    lines = path.read_text().splitlines(keepends=True)
+    return lines[0] + "".join(line for line in lines[1:] if any(f",{s}," in f",{line}" for s in CLASS))
+
+
 def _same_as_local(local: Path, out: Path) -> None:
     for name in ("grades.csv", "tests.csv"):
-        assert (out / name).read_text() == (local / name).read_text(), f"{name} differs from the local pool's"
-    for page in sorted((local / "feedback").rglob("*.html")):
-        twin = out / page.relative_to(local)
-        assert twin.is_file() and twin.read_bytes() == page.read_bytes(), f"{page.relative_to(local)} differs"
-    assert tree_digest(out / "feedback") == tree_digest(local / "feedback")
+        assert (out / name).read_text() == _lines(local / name), f"{name} differs from the local pool's"
+    assert sorted(p.name for p in (out / "feedback").iterdir()) == sorted(CLASS)
+    for student in CLASS:
+        for page in sorted((local / "feedback" / student).rglob("*.html")):
+            twin = out / page.relative_to(local)
+            assert twin.is_file() and twin.read_bytes() == page.read_bytes(), f"{page.relative_to(local)} differs"
+        assert tree_digest(out / "feedback" / student) == tree_digest(local / "feedback" / student)
 
 
 def test_a_cluster_run_matches_the_local_pool_byte_for_byte(course, cluster, tmp_path):

@@ -104,7 +104,7 @@ def test_meta_device_mixing_raises_as_the_lesson_says():
 
 def test_the_warning_variant_really_warns():
     """The catalogue's correct pick_device that warns when it falls back to the CPU does warn here; tests/
-    test_roundtrip.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
+    test_alternatives.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
     import warnings
 
     from tests.harness import named_variant

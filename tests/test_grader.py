@@ -35,37 +35,38 @@ from grader.release import check, find_leaks, release
 from grader.report import summary_figure
 from grader.sandbox import SandboxedKernelManager
 from tests import students as fixture
-from tests.students import grader, tree_digest
+from tests.students import grader
 
-# student -> (kind for students.make_student, expected points, note codes that must be recorded)
-CLASS = {
-    "right": ("right", 15, set()),
-    "blank": ("blank", 0, set()),
-    "wrong-even": ("wrong:0", 2, set()),            # only halve answered (2), bonus unanswered
-    "wrong-odd": ("wrong:1", 13, set()),            # square + mean (5) and double (8)
-    "empty": ("empty", 0, {"missing-notebook", "extra-files"}),
-    "invalid-json": ("invalid_json", 8, {"invalid-json"}),
-    "truncated": ("truncated", 11, {"truncated", "test-cell-deleted"}),   # mean lost with the cut: 1 + 2 + 8
-    "renamed": ("renamed", 15, {"renamed"}),
-    "missing": ("missing", 8, {"missing-notebook"}),
-    "extra-files": ("extra_files", 15, {"extra-files"}),
-    "wrong-kernel": ("wrong_kernel", 15, {"kernel-name"}),
-    "tampered": ("tampered", 10, {"test-cell-edited", "test-cell-deleted", "metadata-edited"}),   # 2 + 8
-    "forever": ("forever", 15, {"cell-timeout"}),
-    "memory": ("memory", 15, {"memory-limit"}),
-    "os-exit": ("os_exit", 14, {"kernel-died"}),     # the crashed cell's def is lost: square fails
+# student (of tests/students.py's KINDS) -> (expected points, note codes that must be recorded)
+EXPECTED = {
+    "right": (15, set()),
+    "blank": (0, set()),
+    "wrong-even": (2, set()),            # only halve answered (2), bonus unanswered
+    "wrong-odd": (13, set()),            # square + mean (5) and double (8)
+    "empty": (0, {"missing-notebook", "extra-files"}),
+    "invalid-json": (8, {"invalid-json"}),
+    "truncated": (11, {"truncated", "test-cell-deleted"}),   # mean lost with the cut: 1 + 2 + 8
+    "renamed": (15, {"renamed"}),
+    "missing": (8, {"missing-notebook"}),
+    "extra-files": (15, {"extra-files"}),
+    "wrong-kernel": (15, {"kernel-name"}),
+    "tampered": (10, {"test-cell-edited", "test-cell-deleted", "metadata-edited"}),   # 2 + 8
+    "forever": (15, {"cell-timeout"}),
+    "memory": (15, {"memory-limit"}),
+    "os-exit": (14, {"kernel-died"}),     # the crashed cell's def is lost: square fails
     # ctypes is refused in an answer cell and the notebook is held for review (grader/scan.py): only the bonus counts
-    "segfault": ("segfault", 8, set()),
-    "sys-exit": ("sys_exit", 15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
-    "flood": ("flood", 15, {"output-truncated"}),
-    "writes-files": ("writes_files", 15, {"wrote-files"}),
-    "held": ("held", 14, {"review"}),                # square held for review: 0 until an instructor looks
+    "segfault": (8, set()),
+    "sys-exit": (15, {"system-exit"}),   # SystemExit is an ordinary error: square is defined
+    "flood": (15, {"output-truncated"}),
+    "writes-files": (15, {"wrote-files"}),
+    "held": (14, {"review"}),                # square held for review: 0 until an instructor looks
     # student kernels run in the sandbox, where the course repository is not visible
-    "peeks": ("peeks", 15 if sandbox.status()[0] and os.environ.get("GRADER_SANDBOX") != "off" else 14, set()),
+    "peeks": (15 if sandbox.status()[0] and os.environ.get("GRADER_SANDBOX") != "off" else 14, set()),
 }
+assert set(EXPECTED) == set(fixture.KINDS), "every student of the shared class has its expected points here"
+CLASS = {s: (fixture.KINDS[s], points, codes) for s, (points, codes) in EXPECTED.items()}
 SERIAL = ["os-exit", "truncated", "wrong-odd"]
-# 10 s a cell: on a busy machine (the suite runs files side by side) the memory bomb took over 4 s to reach its limit
-LIMITS = ["--timeout", "10", "--memory", "512M"]
+LIMITS = list(fixture.LIMITS)
 SERIAL_LIMITS = ["--timeout", "10", "--memory", "0.5GiB"]     # the same limits, the memory written another way
 # notes about the submission as a whole: shown once at the top of the feedback page, never in the row of a test whose
 # notebook was graded
@@ -78,16 +79,10 @@ def rows(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The class graded in parallel with `python -m grader all`: (solutions, submissions, workspace, stdout)."""
-    root = tmp_path_factory.mktemp("class")
-    solutions, submissions = fixture.build_class(root, {s: kind for s, (kind, _, _) in CLASS.items()})
-    before = tree_digest(submissions)
-    out = root / "grading"
-    stdout = grader("all", str(submissions), "--out", str(out), "--solutions", str(solutions), "--jobs", "4",
-                    *LIMITS)
-    assert tree_digest(submissions) == before, "grading modified the submissions folder"
-    return solutions, submissions, out, stdout
+def graded():
+    """The class graded in parallel with `python -m grader all` (once per session, tests/students.py):
+    (solutions, submissions, workspace, stdout)."""
+    return fixture.graded_class()
 
 
 @pytest.mark.parametrize("student", sorted(CLASS))
@@ -198,7 +193,7 @@ def serial(graded, tmp_path_factory):
     for student in SERIAL:
         shutil.copytree(submissions / student, subset / student)
     args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "1",
-            *SERIAL_LIMITS]
+            "--no-feedback", *SERIAL_LIMITS]
     proc = subprocess.Popen([sys.executable, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, **config_env()})
     first = None
@@ -228,14 +223,15 @@ def test_resumed_serial_run_matches_the_parallel_run_byte_for_byte(graded, seria
 
 
 def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path):
-    """Idempotent: unchanged submissions are not graded again; a resubmission and a new student are."""
+    """Idempotent: unchanged submissions are not graded again; a resubmission and a new student are. Graded with
+    --no-feedback, they have no HTML feedback until `python -m grader feedback` makes it."""
     _, submissions, _, _ = graded
     solutions, subset, out, _ = serial
     shutil.copytree(out, tmp_path / "grading")
     shutil.copytree(subset, tmp_path / "submissions")
     out, subset = tmp_path / "grading", tmp_path / "submissions"
     args = ["autograde", str(subset), "--out", str(out), "--solutions", str(solutions), "--jobs", "2",
-            *SERIAL_LIMITS]
+            "--no-feedback", *SERIAL_LIMITS]
     before = (out / "tests.csv").read_bytes()
     assert f"graded 0, unchanged {len(SERIAL)}" in grader(*args)
     grader("export", "--out", str(out))
@@ -249,6 +245,11 @@ def test_rerun_grades_only_new_and_changed_submissions(graded, serial, tmp_path)
     grader("export", "--out", str(out))
     scores = {r["student_id"]: float(r["score"]) for r in rows(out / "grades.csv")}
     assert scores == {"late": 15.0, "os-exit": 14.0, "truncated": 11.0, "wrong-odd": 15.0}
+    # graded --no-feedback: no page yet; `feedback` makes every one from the gradebook
+    assert not list(out.glob("feedback/**/*.html")), "autograde --no-feedback made feedback pages"
+    grader("feedback", "--out", str(out))
+    for student in scores:
+        assert (out / "feedback" / student / fixture.ASSIGNMENT / "fixture.html").is_file(), student
 
 
 def test_a_kernel_that_cannot_start_is_a_failure_to_grade_not_a_zero(tmp_path):

@@ -11,17 +11,14 @@ data a library keeps on its class as code added.
 """
 from __future__ import annotations
 
-import contextlib
-import csv
-import io
 import sys
-from pathlib import Path
 
 import nbformat
 import pytest
 
 from grader import sandbox
 from grader.nbtools import EXERCISES, SOLUTIONS, grade_id
+from tests import batches
 from tests.harness import run_function_tests
 from tests.mutations import solution_cell
 
@@ -65,26 +62,21 @@ def test_the_same_cells_pass_the_tests_without_the_guard(tmp_path, monkeypatch):
     sys.modules.pop(HELPER, None)
 
 
-@pytest.mark.skipif(not AVAILABLE, reason=f"the guard runs in sandboxed grading kernels; no sandbox here: {WHY}")
-def test_an_imported_answer_scores_zero_with_the_reason(tmp_path):
-    from grader.cli import main
-
+def _delegator(batch: batches.Folders) -> None:
+    """The 04-amp release with the cells of `_cells`, for the course batch (tests/batches.py)."""
     nb = nbformat.read(EXERCISES / ASSIGNMENT / NOTEBOOK, as_version=4)
     cells = _cells()
     for cell in nb.cells:
         if grade_id(cell) in cells:
             cell.source = cells[grade_id(cell)]
-    folder = tmp_path / "submitted" / "delegator" / ASSIGNMENT
-    folder.mkdir(parents=True)
-    nbformat.write(nb, folder / NOTEBOOK)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(["autograde", str(tmp_path / "submitted"), "--out", str(tmp_path / "grading"), "--jobs", "1",
-                       "--assignment", ASSIGNMENT])
-        status = status or main(["export", "--out", str(tmp_path / "grading")])
-    assert status == 0, out.getvalue()
-    with open(tmp_path / "grading" / "tests.csv", newline="") as handle:
-        rows = {r["grade_id"]: r for r in csv.DictReader(handle)}
+    batch.write("delegator", ASSIGNMENT, nb, NOTEBOOK)
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"the guard runs in sandboxed grading kernels; no sandbox here: {WHY}")
+@pytest.mark.course_batch(provider=_delegator)
+def test_an_imported_answer_scores_zero_with_the_reason():
+    graded = batches.course()
+    rows = graded.student("delegator", ASSIGNMENT)
     assert float(rows["test_make_scaler"]["points"]) == float(rows["test_make_scaler"]["max_points"]) > 0, rows
     for test, name in (("test_amp_dtype", "amp_dtype"), ("test_amp_train_step", "amp_train_step"),
                        ("test_amp_train_step_scaler", "amp_train_step")):
@@ -92,9 +84,8 @@ def test_an_imported_answer_scores_zero_with_the_reason(tmp_path):
         assert float(row["points"]) == 0 and float(row["max_points"]) > 0, row
         # the first reason is the test's own; submission notes follow (the helper file it wrote was removed)
         assert row["reason"].split("; ")[0] == f"`{name}` is imported from {HELPER}, not written in the notebook", row
-    autograded = Path(tmp_path / "grading" / "autograded" / "delegator" / ASSIGNMENT / NOTEBOOK)
-    shown = [o for c in nbformat.read(autograded, as_version=4).cells if grade_id(c) == "test_amp_dtype"
-             for o in c.get("outputs", [])]
+    [autograded] = graded.autograded("delegator", ASSIGNMENT)
+    shown = [o for c in autograded.cells if grade_id(c) == "test_amp_dtype" for o in c.get("outputs", [])]
     assert [o.get("ename") for o in shown] == ["NotWrittenInNotebook"], shown
     assert shown[0]["traceback"][0].startswith("✗ `amp_dtype` is imported from amp_helper"), shown
 

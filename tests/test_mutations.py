@@ -1,14 +1,18 @@
 """The mutation catalogue: every typical mistake fails its test cells, every correct variant passes.
 
-Each variant runs in-process against the notebook's own test cells, as written in solutions/. A correct variant runs
-the whole cells (visible checks and hidden tests) and must pass them with nothing on stderr. A wrong variant runs
-twice, against each half alone:
+Each variant runs in-process against the notebook's own test cells, as written in solutions/, judged the way the
+course's grader judges them (tests/harness.py: `grader.judge.split` gives the kernel's part of each test cell, its
+probes send their observations, and `grader.judge.decide` runs the judges on them). A correct variant runs the
+whole cells (visible checks and hidden tests) and must pass them with nothing on stderr and no warning let out
+(plain nbgrader zeroes a test cell that writes to stderr). A wrong variant runs twice, against each half alone, up
+to the first test cell that fails:
 - the judges alone (every visible check switched off): they must catch it, since the visible checks run in the
   learner's kernel, where the learner's code can make them pass (#21);
 - the visible checks alone (the hidden tests stripped, as a self-study learner has them): they must catch at least
-  VISIBLE_SHARE of the module's mistakes (#25).
+  VISIBLE_SHARE of each function's mistakes (#25 asked it of each module's).
 The whole cell runs the visible check first, then the judge: what either half catches, the whole cell catches. The
-detection rates are printed at the end of the pytest run.
+detection rates are printed at the end of the pytest run. tests/test_alternatives.py grades a sample of the
+catalogue end to end.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from tests.harness import blind_notebook, graded_functions, load_catalogue, run_
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
 RESULTS = "mutation-results"  # the user property: [(topic, "function/variant", wrong, caught, caught visibly)]
-VISIBLE_SHARE = 0.8  # of a module's wrong variants, the visible checks alone must catch at least this share
+VISIBLE_SHARE = 0.8  # of a function's wrong variants, the visible checks alone must catch at least this share
 
 
 def _notebook(topic: str) -> Path:
@@ -46,15 +50,22 @@ def _fails(results) -> bool:
     return not all(r.passed for r in results)
 
 
-@pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda p: p.stem)
-def test_catalogue_variants_are_judged_right(catalogue: Path, record_property):
-    """Wrong variants fail their function's judges alone, and most fail its visible checks alone; correct variants
-    pass the whole test cells with nothing on stderr."""
+def _each_function() -> list:
+    """(catalogue, function) for every graded function of every catalogue's notebook (read from the notebook, so that
+    collecting imports no catalogue): one test each, which pytest-xdist spreads over its workers."""
+    return [pytest.param(c, f, id=f"{c.stem}-{f}") for c in CATALOGUES
+            for f in graded_functions(nbtools.read(_notebook(c.stem)))]
+
+
+@pytest.mark.parametrize(("catalogue", "function"), _each_function())
+def test_catalogue_variants_are_judged_right(catalogue: Path, function: str, record_property):
+    """The function's wrong variants fail its judges alone, and most fail its visible checks alone; its correct
+    variants pass the whole test cells with nothing on stderr."""
     notebook = _notebook(catalogue.stem)
     visible, blind = visible_notebook(notebook), blind_notebook(notebook)
     problems, judged = [], []
     record_property(RESULTS, judged)  # conftest prints the detection rates (also from pytest-xdist's workers)
-    for v in load_catalogue(catalogue):
+    for v in (v for v in load_catalogue(catalogue) if v.function == function):
         label = f"{v.function}/{v.name}"
         if not v.wrong:
             results = run_function_tests(notebook, v.function, v.source)
@@ -66,8 +77,8 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, record_property):
                 problems.append(f"{label} (correct, but its test cells write to stderr: {'; '.join(leaked)})")
             judged.append((catalogue.stem, label, False, bool(failed), False))
             continue
-        caught = _fails(run_function_tests(notebook, v.function, v.source, nb=blind))
-        seen = _fails(run_function_tests(notebook, v.function, v.source, nb=visible))
+        caught = _fails(run_function_tests(notebook, v.function, v.source, nb=blind, until_failed=True))
+        seen = _fails(run_function_tests(notebook, v.function, v.source, nb=visible, until_failed=True))
         judged.append((catalogue.stem, label, True, caught or seen, seen))
         if not caught:
             problems.append(f"{label} (wrong, not caught by the judges alone"
@@ -78,4 +89,5 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, record_property):
         missed = [row[1] for row in wrong if not row[4]]
         problems.append(f"the visible checks alone catch {share:.0%} of the mistakes (at least {VISIBLE_SHARE:.0%}: "
                         f"a self-study learner has only them); they miss {', '.join(missed)}")
-    assert not problems, f"{catalogue.name}: " + " | ".join(problems)
+    assert judged, f"{catalogue.name} has no variant of {function}"
+    assert not problems, f"{catalogue.name}, {function}: " + " | ".join(problems)

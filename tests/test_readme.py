@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labserver import free_port, make_lab
+from tests.labserver import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -194,25 +194,26 @@ def test_lms_download_is_graded_by_the_readme_commands_as_written(tmp_path):
 # ---------------------------------------------------------------- the nbgrader menu under `make lab`
 
 @NEEDS_MAKE
-def test_make_lab_serves_formgrader_and_the_assignment_list_without_errors(tmp_path):
+@pytest.mark.xdist_group("lab")  # the session's one JupyterLab (conftest), which tests/test_browser.py drives too
+def test_make_lab_serves_formgrader_and_the_assignment_list_without_errors(request):
     if not (ROOT / ".venv" / "bin" / "jupyter").exists():
         pytest.skip("no .venv/bin/jupyter: run `make install` first")
     try:
         free_port()
     except OSError as e:
         pytest.skip(f"cannot open a local port for JupyterLab here: {e}")
-    with make_lab(tmp_path, "readme-test") as lab:
-        tree, log_path = lab.tree, lab.log
-        status, body = lab.get("/formgrader/api/assignments")
-        assert status == 200, f"Formgrader's assignment list: HTTP {status}\n{log_path.read_text()[-4000:]}"
-        names = {a["name"] for a in json.loads(body)}
-        assert names == {p.name for p in (tree / "solutions").iterdir() if p.is_dir()}, names
-        status, body = lab.get("/formgrader/manage_assignments")
-        assert status == 200 and "nbgrader" in body, f"Formgrader's page: HTTP {status}"
-        course = re.search(r'course_id = "([^"]+)"', (tree / "grader" / "nbgrader_config.py").read_text()).group(1)
-        for path in ("/formgraders", "/courses", f"/assignments?course_id={course}"):
-            status, body = lab.get(path)
-            assert status == 200 and json.loads(body)["success"] is True, f"{path}: HTTP {status} {body[:500]}"
+    lab = request.getfixturevalue("lab")
+    tree, log_path = lab.tree, lab.log
+    status, body = lab.get("/formgrader/api/assignments")
+    assert status == 200, f"Formgrader's assignment list: HTTP {status}\n{log_path.read_text()[-4000:]}"
+    names = {a["name"] for a in json.loads(body)}
+    assert names == {p.name for p in (tree / "solutions").iterdir() if p.is_dir()}, names
+    status, body = lab.get("/formgrader/manage_assignments")
+    assert status == 200 and "nbgrader" in body, f"Formgrader's page: HTTP {status}"
+    course = re.search(r'course_id = "([^"]+)"', (tree / "grader" / "nbgrader_config.py").read_text()).group(1)
+    for path in ("/formgraders", "/courses", f"/assignments?course_id={course}"):
+        status, body = lab.get(path)
+        assert status == 200 and json.loads(body)["success"] is True, f"{path}: HTTP {status} {body[:500]}"
     log = log_path.read_text()
     problems = [line for line in log.splitlines()
                 if "Traceback" in line or re.search(r"\w(Error|Exception)\b", line) or line.startswith("[E ")

@@ -77,7 +77,8 @@ def unsolved_run_problems(nb: nbformat.NotebookNode) -> list[str]:
 def not_in_the_browser(request):
     """The browser test runs each exercise once and applies the same checks: skip the plain-kernel run then."""
     for item in request.session.items:
-        if item.nodeid.endswith("test_browser.py::test_run_all_runs_every_exercise_with_failures_only_in_test_cells") \
+        if (item.path.name, item.name) == ("test_browser.py",
+                                           "test_run_all_runs_every_exercise_with_failures_only_in_test_cells") \
                 and not item.get_closest_marker("skip"):
             pytest.skip("checked on the notebooks the browser test runs and saves (tests/test_browser.py)")
 

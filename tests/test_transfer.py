@@ -143,7 +143,7 @@ def test_graded_cells_define_what_their_grade_id_names():
 
 def test_the_warning_variant_really_warns():
     """The catalogue's correct make_loader whose DataLoader warns about pin_memory_device does warn here; tests/
-    test_roundtrip.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
+    test_alternatives.py proves that real nbgrader gives it every point anyway (nbgrader zeroes a cell with stderr)."""
     import os
     import warnings
 
