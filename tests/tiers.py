@@ -41,6 +41,7 @@ class QuickTier:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
 
+    @pytest.hookimpl(trylast=True)  # the run's last lines
     def pytest_terminal_summary(self, terminalreporter):
         if hasattr(terminalreporter.config, "workerinput"):
             return
