@@ -163,7 +163,8 @@ def pytest_collection_modifyitems(config, items):
                 if item.get_closest_marker("gpu"):
                     item.add_marker(skip)
     result = yield
-    if getattr(config.option, "loadgroup", False) and items and "@" not in items[0].nodeid:  # xdist adds "@group"
+    grouped = [item for item in items if item.get_closest_marker("xdist_group")]
+    if getattr(config.option, "loadgroup", False) and grouped and "@" not in grouped[0].nodeid:  # xdist adds "@group"
         raise pytest.UsageError("--dist loadgroup did not group the tests (pytest-xdist#1386: pytest 9.2 and later "
                                 "keep node ids where pytest-xdist 3.8 cannot mark them): each test would run apart "
                                 "from its module fixtures. Install the pytest pyproject.toml asks for (make install)")
