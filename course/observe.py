@@ -29,6 +29,7 @@ MIME = "application/vnd.gpu-course.observation+json"  # the display output that 
 _TAG = "§"       # the key of a tagged value: {"§": kind, ...}; no check uses this character in its own keys
 _DEPTH = 32
 _MAX_ELEMENTS = 1_000_000  # a tensor bigger than this is described, not copied
+_MIN_STRING_WIDTH = 256  # characters a string dtype may have beyond its longest value (numpy's "U100" for "ab")
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
            "complex64", "complex128")
 
@@ -238,15 +239,32 @@ def _decode_size(data: dict) -> Any:
     return torch.Size(int(n) for n in data.get("v", ()))
 
 
-def _plain_dtype(name: Any) -> Any:
-    """The numpy dtype a probe can have sent (numbers, bools, strings); ValueError for anything else (object,
-    structured or sub-array dtypes such as "(10**9,)f8", which would build far more than the text holds)."""
+def _plain_dtype(name: Any, values: Any) -> Any:
+    """The numpy dtype a probe can have sent (numbers, bools, strings) for `values`; ValueError for anything else
+    (object, structured or sub-array dtypes such as "(10**9,)f8", and strings far wider than any of `values`, such
+    as "U100000000", each of which would build far more than the text holds)."""
     import numpy as np
 
     dtype = np.dtype(str(name))
     if dtype.shape != () or dtype.fields is not None or dtype.kind not in "biufcUS":
         raise ValueError(f"observations never hold an array of dtype {str(name)[:40]!r}")
+    if dtype.kind in "US":
+        width = max((len(v) for v in _flat(values) if isinstance(v, str)), default=0)
+        if dtype.itemsize > (width + _MIN_STRING_WIDTH) * (4 if dtype.kind == "U" else 1):
+            raise ValueError(f"observations never hold strings of dtype {str(name)[:40]!r} for values of at most "
+                             f"{width} characters")
     return dtype
+
+
+def _flat(values: Any) -> list:
+    out, todo = [], [values]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list):
+            todo.extend(v)
+        else:
+            out.append(v)
+    return out
 
 
 def _decode_ndarray(data: dict) -> Any:
@@ -255,11 +273,13 @@ def _decode_ndarray(data: dict) -> Any:
     shape = [int(n) for n in data.get("shape", ())]
     if any(n < 0 for n in shape) or math.prod(shape) > _MAX_ELEMENTS:
         raise ValueError(f"observations never hold an array of shape {shape[:8]}")
-    return np.asarray(_unplain(data.get("v")), dtype=_plain_dtype(data.get("dtype"))).reshape(shape)
+    values = _unplain(data.get("v"))
+    return np.asarray(values, dtype=_plain_dtype(data.get("dtype"), values)).reshape(shape)
 
 
 def _decode_npscalar(data: dict) -> Any:
-    return _plain_dtype(data.get("dtype")).type(_unplain(data.get("v")))
+    value = _unplain(data.get("v"))
+    return _plain_dtype(data.get("dtype"), value).type(value)
 
 
 _DECODERS = {

@@ -236,9 +236,30 @@ def _raw_display(name: str, text: str):
     "[" * 5000 + "]" * 5000,                                                       # RecursionError
     '{"two": {"§": "ndarray", "dtype": "(1000000,)f8", "shape": [1, 1000000], "v": [0]}}',   # 8 MB from 90 bytes
     '{"two": {"§": "ndarray", "dtype": "O", "shape": [1], "v": [{"a": 1}]}}',
-], ids=["bad-shape", "deep", "subarray-dtype", "object-dtype"])
+    '{"two": {"§": "ndarray", "dtype": "U16000000", "shape": [3], "v": ["a", "b", "c"]}}',  # 192 MB from 80 bytes
+    '{"two": {"§": "npscalar", "dtype": "S100000000", "v": "x"}}',                         # 100 MB from 60 bytes
+], ids=["bad-shape", "deep", "subarray-dtype", "object-dtype", "wide-strings", "wide-bytes-scalar"])
 def test_observations_no_probe_could_send_are_held_not_a_grader_crash(text):
-    """Only a forged text fails to decode: it is held for review in the cell, it never stops grading the notebook."""
+    """Only a forged text fails to decode: it is held for review in the cell, it never stops grading the notebook,
+    and refusing it allocates next to nothing (#33: 69 bytes once allocated 61 MiB)."""
+    import tracemalloc
+
     _, judges = judge.split(CELL)
-    outputs, why = judge.decide([_raw_display("x", text)], judges, "test_x")
+    tracemalloc.start()
+    try:
+        outputs, why = judge.decide([_raw_display("x", text)], judges, "test_x")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert outputs[-1]["ename"] == judge.HELD and "held for review" in why, why
+    assert peak < 4 * 2**20, f"decoding {len(text)} bytes allocated {peak / 2**20:.1f} MiB"
+
+
+def test_string_arrays_a_probe_sends_come_back_whole():
+    """The bound on string widths refuses only what no probe sends: numpy's own widths round-trip, a wide one too."""
+    import numpy as np
+
+    for value in (np.array(["a", "bb"]), np.array(["a", "bb"], dtype="U100"), np.array(["x" * 300], dtype="U400"),
+                  np.str_("a longer string"), np.array([["p", "q"], ["r", "s"]])):
+        back = observe.loads(observe.dumps(value))
+        assert type(back) is type(value) and back.dtype == value.dtype and np.array_equal(back, value), (value, back)
