@@ -8,8 +8,8 @@ STAMP  := $(VENV)/.installed-$(DEPS_HASH)
 PYTEST_ARGS ?=
 # More pytest arguments for `make test-install` alone, e.g. INSTALL_ARGS="-k 04-amp".
 INSTALL_ARGS ?=
-# pytest-xdist workers for `make test`: auto is one more than the cores (see tests/conftest.py, which also orders the
-# files, costliest first; each file runs whole on one worker).
+# pytest-xdist workers for `make test`: auto is two more than the cores (see tests/conftest.py, which also orders the
+# groups, costliest first; each file runs whole on one worker).
 TEST_WORKERS ?= auto
 # One group per worker at a time (a file, unless its tests name a group: tests/conftest.py), in the order conftest
 # gives (costliest first); needs pytest-xdist >= 3.8.
