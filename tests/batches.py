@@ -24,12 +24,15 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
+from grader.cli import main as grader_main
+from grader.nbtools import SOLUTIONS, cell_scores, grade_id, nbgrader, nbgrader_meta, read
+from grader.release import generate
 from tests import shared
 from tests.harness import Student, with_variants
 from tests.mutations import Variant
@@ -91,8 +94,6 @@ def course() -> Graded:
 
 
 def _grade_course(folder: Path) -> None:
-    from grader.cli import main
-
     folders = Folders(folder / "solutions", folder / "submitted")
     shutil.copytree(SOLUTIONS, folders.solutions, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     folders.submitted.mkdir()
@@ -101,9 +102,9 @@ def _grade_course(folder: Path) -> None:
     log = io.StringIO()
     args = ["--solutions", str(folders.solutions), "--out", str(folder / "grading")]
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        status = main(["autograde", str(folders.submitted), *args, "--answer-timeout", str(ANSWER_TIMEOUT_S),
-                       "--no-feedback", "--jobs", str(JOBS)])
-        status = status or main(["export", "--out", str(folder / "grading")])
+        status = grader_main(["autograde", str(folders.submitted), *args, "--answer-timeout", str(ANSWER_TIMEOUT_S),
+                              "--no-feedback", "--jobs", str(JOBS)])
+        status = status or grader_main(["export", "--out", str(folder / "grading")])
     (folder / "grader.log").write_text(log.getvalue())
     if status != 0:
         raise RuntimeError(f"the course batch did not grade (exit {status}):\n{log.getvalue()[-4000:]}")
@@ -143,11 +144,6 @@ def plan_plain(assignment: str, variants=()) -> None:
 def _grade_plain(assignments: list[str], root: Path) -> dict[str, dict | str]:
     """Grade the solution and the planned variants of `assignments` in one fresh scratch course at `root`, with one
     nbgrader process for all of them (its start-up and gradebook cost once). Returns {assignment: result or why}."""
-    import shutil
-
-    from grader.nbtools import SOLUTIONS, cell_scores, nbgrader
-    from grader.release import generate
-
     with _RELEASING:  # nbgrader's converters run in this process: one release at a time
         released = generate(assignments, SOLUTIONS, root)
     for assignment in assignments:
@@ -188,8 +184,6 @@ def _shards(assignments: list[str], n: int = 3) -> list[list[str]]:
 
 def _grade_all(assignments: list[str], folder: Path) -> dict[str, dict | str]:
     """`assignments` graded in three courses side by side, in `folder`; the results also written to results.json."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def run(item: tuple[int, list[str]]) -> dict[str, dict | str]:
         i, shard = item
         try:

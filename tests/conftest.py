@@ -1,7 +1,7 @@
 """Shared pytest setup: headless plots, GPU tests skipped with a reason where no CUDA GPU exists, test files whose
 imports are not installed left out with a reason (a GPU machine with only torch, numpy and pytest: `make test-gpu`),
-the costliest files first, one nbgrader run planned for every round-trip test, and at the end the mutation catalogue's
-detection rate and what each test file cost (tests/suitecost.py)."""
+the costliest groups first, the session's two grading batches planned from the selected tests (tests/batches.py), and
+at the end the mutation catalogue's detection rate and what each test file cost (tests/suitecost.py)."""
 import ast
 import importlib.util
 import os
@@ -10,6 +10,11 @@ from pathlib import Path
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402
+
+from tests import shared  # noqa: E402
+from tests.labserver import learner_lab  # noqa: E402
+from tests.suitecost import SuiteCost  # noqa: E402
+from tests.tiers import QuickTier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = ("tests", "grader", "course", "bench")  # this repository's packages: followed, not looked up
@@ -37,8 +42,8 @@ SPREAD = {"test_mutations.py"}  # no module fixtures: its tests spread over the 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: plain pytest (make test-gpu) runs without the plugin
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: two workers more than the cores, because many tests wait (on kernels, servers, subprocesses,
-    timeouts and the simulated GPU's paced work) rather than compute: on 2 cores with 3 workers the whole session
-    used 54% of the CPU (user and system time of every process it waited for, against 2 x its wall time)."""
+    timeouts and the simulated GPU's paced work) rather than compute. On 2 cores with 4 workers a whole session kept
+    the CPU 91% busy (sampled from /proc) and took 668 s from a fresh clone; no clean comparison with 3 was made."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 2  # the cores this process may use (a container's share), not the host's
 
@@ -81,12 +86,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     """What each test file cost, printed at the end (tests/suitecost.py); the quick tier under --quick."""
-    from tests.suitecost import SuiteCost
-
     config.pluginmanager.register(SuiteCost(config), "suite-cost")
     if config.getoption("--quick"):
-        from tests.tiers import QuickTier
-
         config.pluginmanager.register(QuickTier(), "quick-tier")
 
 
@@ -94,8 +95,6 @@ def pytest_configure(config):
 def lab(tmp_path_factory):
     """`make lab` on a copy of the tree (tests/labserver.py): one server for the session's tests that look at
     JupyterLab. Mark them `pytest.mark.xdist_group("lab")`, so that one worker runs them all with one server."""
-    from tests.labserver import learner_lab
-
     with learner_lab(tmp_path_factory.mktemp("lab")) as server:
         yield server
 
@@ -103,8 +102,6 @@ def lab(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _shared_folder(tmp_path_factory):
     """Where tests/shared.py keeps what the session makes once: the session's folder, shared by its xdist workers."""
-    from tests import shared
-
     shared.configure(tmp_path_factory.getbasetemp())
 
 

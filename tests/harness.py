@@ -149,7 +149,7 @@ def _judged_cell(cell, ns: dict, stderr: _KernelStream) -> CellResult:
     kernel_source, judges = judge.split(cell.source)
     outputs: list[dict] = []
     out = io.StringIO()
-    err = stderr.cell = io.StringIO()
+    caught = stderr.cell = io.StringIO()
 
     def display(data, raw=False):  # what the kernel would send to the grader
         outputs.append({"output_type": "display_data", "data": data, "metadata": {}})
@@ -167,10 +167,10 @@ def _judged_cell(cell, ns: dict, stderr: _KernelStream) -> CellResult:
                             "traceback": []})
         finally:
             _testcell._GUARDED, _testcell._display_data = saved
-    stderr = err.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in escaped)
+    leaked = caught.getvalue() + "".join(f"{w.category.__name__}: {w.message}\n" for w in escaped)
     outputs[:0] = [{"output_type": "stream", "name": "stdout", "text": out.getvalue()}] if out.getvalue() else []
     _, why = judge.decide(outputs, judges, gid)
-    return CellResult(gid, why is None, why or "", stderr)
+    return CellResult(gid, why is None, why or "", leaked)
 
 
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS\n.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
