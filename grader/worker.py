@@ -53,6 +53,8 @@ def _files(root: Path) -> dict[Path, tuple[int, int]]:
 
 
 def _write(files: Files, folder: Path) -> None:
+    """`files` into `folder`, which exists afterwards even when `files` is empty (an empty submission folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         path = folder / name
         if ".." in Path(name).parts or Path(name).is_absolute():

@@ -141,7 +141,7 @@ def make_student(dest: Path, kind: str, release_dir: Path, source_dir: Path, see
     """Write one synthetic submission of the assignment in `release_dir` into `dest` (the assignment folder).
 
     kind: "right", "blank" (the release unchanged), "wrong" (every other function unsolved, by `seed`; "wrong:1"
-    fixes the seed), "empty" (a folder with no notebook),
+    fixes the seed), "empty" (a folder with no notebook), "void" (an empty folder),
     or a broken case: "invalid_json", "truncated", "renamed", "missing", "extra_files", "wrong_kernel",
     "tampered", or a key of MISBEHAVIOUR (its code runs at the end of the first solution cell).
     """
@@ -150,6 +150,8 @@ def make_student(dest: Path, kind: str, release_dir: Path, source_dir: Path, see
     seed = int(fixed) if fixed else seed
     if kind == "empty":
         (dest / "README.txt").write_text("I could not finish, sorry.\n")
+        return
+    if kind == "void":
         return
     names = sorted(p.stem for p in release_dir.glob("*.ipynb"))
     broken = max(names, key=lambda n: len(solution_ids(source_dir / f"{n}.ipynb")))
@@ -198,10 +200,10 @@ def make_student(dest: Path, kind: str, release_dir: Path, source_dir: Path, see
 # The class of tests/test_grader.py, which tests/test_cluster.py grades a part of on a Dask cluster: student -> kind
 # for make_student. It is built and graded once per session (graded_class), whichever of them asks first.
 KINDS = {"right": "right", "blank": "blank", "wrong-even": "wrong:0", "wrong-odd": "wrong:1", "empty": "empty",
-         "invalid-json": "invalid_json", "truncated": "truncated", "renamed": "renamed", "missing": "missing",
-         "extra-files": "extra_files", "wrong-kernel": "wrong_kernel", "tampered": "tampered", "forever": "forever",
-         "memory": "memory", "os-exit": "os_exit", "segfault": "segfault", "sys-exit": "sys_exit", "flood": "flood",
-         "writes-files": "writes_files", "held": "held", "peeks": "peeks"}
+         "void": "void", "invalid-json": "invalid_json", "truncated": "truncated", "renamed": "renamed",
+         "missing": "missing", "extra-files": "extra_files", "wrong-kernel": "wrong_kernel", "tampered": "tampered",
+         "forever": "forever", "memory": "memory", "os-exit": "os_exit", "segfault": "segfault",
+         "sys-exit": "sys_exit", "flood": "flood", "writes-files": "writes_files", "held": "held", "peeks": "peeks"}
 # 10 s a cell: on a busy machine (the suite runs files side by side) the memory bomb took over 4 s to reach its limit
 LIMITS = ("--timeout", "10", "--memory", "512M")
 

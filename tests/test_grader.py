@@ -44,6 +44,7 @@ EXPECTED = {
     "wrong-even": (2, set()),            # only halve answered (2), bonus unanswered
     "wrong-odd": (13, set()),            # square + mean (5) and double (8)
     "empty": (0, {"missing-notebook", "extra-files"}),
+    "void": (0, {"missing-notebook"}),       # an empty folder: read as missing, not as a grader error
     "invalid-json": (8, {"invalid-json"}),
     "truncated": (11, {"truncated", "test-cell-deleted"}),   # mean lost with the cut: 1 + 2 + 8
     "renamed": (15, {"renamed"}),
