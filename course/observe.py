@@ -30,8 +30,16 @@ _TAG = "§"       # the key of a tagged value: {"§": kind, ...}; no check uses 
 _DEPTH = 32
 _MAX_ELEMENTS = 1_000_000  # a tensor bigger than this is described, not copied
 _MIN_STRING_WIDTH = 256  # characters a string dtype may have beyond its longest value (numpy's "U100" for "ab")
-_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
-           "complex64", "complex128")
+# What `loads` builds is bounded before it builds anything: JSON nested deeper than this is refused (encode nests at
+# most _DEPTH values, each at most 3 JSON levels deep, plus a tensor's dimensions), and so are arrays and tensors whose
+# bytes add up to more than _BYTES_FLOOR + _BYTES_PER_CHAR per character of the text (a number takes at least two
+# characters, "0,", and at most 8 bytes once built, so nothing a probe sends comes near it).
+_NESTING = 3 * (_DEPTH + 2) + 64
+_BYTES_FLOOR, _BYTES_PER_CHAR = 4 * 2**20, 16
+# the tensor dtypes a probe sends, with the bytes an element takes as `loads` builds it (fp16 and bf16 go through fp32)
+_TENSOR_BYTES = {"float16": 6, "bfloat16": 6, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4,
+                 "int64": 8, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16}
+_DTYPES = tuple(_TENSOR_BYTES)
 
 
 @dataclass(frozen=True)
@@ -137,8 +145,44 @@ def dumps(x: Any) -> str:
 
 
 def loads(text: str) -> Any:
-    """The value `dumps` wrote, built from data alone (`decode` of strict JSON)."""
-    return decode(_LOADS(text, parse_constant=_refuse_constant))
+    """The value `dumps` wrote, built from data alone (`decode` of strict JSON). ValueError, before anything big is
+    built, for a text no probe could have written: nested deeper than any observation, or describing arrays and
+    tensors of more bytes than its length allows (`_BYTES_FLOOR`, `_BYTES_PER_CHAR`)."""
+    data = _LOADS(text, parse_constant=_refuse_constant)
+    _check_size(data, _BYTES_FLOOR + _BYTES_PER_CHAR * len(text))
+    return decode(data)
+
+
+def _check_size(data: Any, budget: int) -> None:
+    """ValueError when `data` nests deeper than `_NESTING` or its arrays and tensors would take over `budget` bytes."""
+    total, todo = 0, [(data, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > _NESTING:
+            raise ValueError(f"observations never nest deeper than {_NESTING} levels")
+        if isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
+        elif isinstance(node, dict):
+            if node.get(_TAG) in ("tensor", "ndarray") and "v" in node:
+                total += _array_bytes(node)
+                if total > budget:
+                    raise ValueError(f"observations of {budget} bytes at most never describe arrays of {total} bytes")
+            todo.extend((v, depth + 1) for v in node.values())
+
+
+def _array_bytes(data: dict) -> int:
+    """The bytes a tagged tensor or array would take once built: its dtype's itemsize (the widened one for fp16 and
+    bf16, as built) times its elements, which must be as many as its shape says (ValueError otherwise)."""
+    shape = data.get("shape", ())
+    if not isinstance(shape, list) or not all(type(n) is int and 0 <= n for n in shape):
+        raise ValueError(f"observations never hold an array of shape {str(shape)[:40]}")
+    values = data["v"]
+    count = len(_flat(values)) if isinstance(values, list) else 1
+    if math.prod(shape) != count:
+        raise ValueError(f"an array of shape {shape[:8]} cannot hold {count} values")
+    if data[_TAG] == "tensor":
+        return count * _TENSOR_BYTES.get(data.get("dtype"), 0)
+    return count * _plain_dtype(data.get("dtype"), values).itemsize
 
 
 def _refuse_constant(name: str) -> Any:

@@ -6,9 +6,13 @@ End to end, through the real grader and sandbox, these are in tests/test_attacks
 from __future__ import annotations
 
 import ast
+import json
 import math
 import re
+import subprocess
+import sys
 import textwrap
+import tracemalloc
 
 import nbformat
 import numpy as np
@@ -238,13 +242,16 @@ def _raw_display(name: str, text: str):
     '{"two": {"§": "ndarray", "dtype": "O", "shape": [1], "v": [{"a": 1}]}}',
     '{"two": {"§": "ndarray", "dtype": "U16000000", "shape": [3], "v": ["a", "b", "c"]}}',  # 192 MB from 80 bytes
     '{"two": {"§": "npscalar", "dtype": "S100000000", "v": "x"}}',                         # 100 MB from 60 bytes
-], ids=["bad-shape", "deep", "subarray-dtype", "object-dtype", "wide-strings", "wide-bytes-scalar"])
+    json.dumps({"two": {"§": "ndarray", "dtype": "U7256", "shape": [1000], "v": ["x" * 7000] + [""] * 999}}),
+    "[" * 400 + "]" * 400,                                    # JSON reads it; deeper than any observation
+    '{"two": {"§": "tensor", "dtype": "float64", "shape": [1000000000], "v": []}}',
+], ids=["bad-shape", "deep", "subarray-dtype", "object-dtype", "wide-strings", "wide-bytes-scalar",
+        "many-padded-strings", "nested-400", "shape-without-values"])
 def test_observations_no_probe_could_send_are_held_not_a_grader_crash(text):
     """Only a forged text fails to decode: it is held for review in the cell, it never stops grading the notebook,
-    and refusing it allocates next to nothing (#33: 69 bytes once allocated 61 MiB)."""
-    import tracemalloc
-
+    and refusing it allocates next to nothing (#33: 69 bytes once allocated 61 MiB; 12 KB of padded strings 29 MB)."""
     _, judges = judge.split(CELL)
+    judge.decide([_raw_display("x", "[")], judges, "test_x")   # nbformat compiles its output schema once, here
     tracemalloc.start()
     try:
         outputs, why = judge.decide([_raw_display("x", text)], judges, "test_x")
@@ -257,9 +264,68 @@ def test_observations_no_probe_could_send_are_held_not_a_grader_crash(text):
 
 def test_string_arrays_a_probe_sends_come_back_whole():
     """The bound on string widths refuses only what no probe sends: numpy's own widths round-trip, a wide one too."""
-    import numpy as np
-
     for value in (np.array(["a", "bb"]), np.array(["a", "bb"], dtype="U100"), np.array(["x" * 300], dtype="U400"),
                   np.str_("a longer string"), np.array([["p", "q"], ["r", "s"]])):
         back = observe.loads(observe.dumps(value))
         assert type(back) is type(value) and back.dtype == value.dtype and np.array_equal(back, value), (value, back)
+
+
+# A kilobyte or less each, one per kind of tagged value and a few untagged shapes, each asking for as much as it can.
+SMALL_FORGERIES = {
+    "tensor-shape": {"§": "tensor", "dtype": "complex128", "shape": [10**9], "v": []},
+    "tensor-dims": {"§": "tensor", "dtype": "float32", "shape": [1] * 60, "v": 1.0},
+    "tensor-many": {"§": "tensor", "dtype": "complex128", "shape": [300], "v": [0] * 300},
+    "ndarray-strings": {"§": "ndarray", "dtype": "U956", "shape": [87], "v": ["x" * 700] + [""] * 86},
+    "ndarray-shape": {"§": "ndarray", "dtype": "f8", "shape": [10**6, 10**6], "v": [0]},
+    "npscalar": {"§": "npscalar", "dtype": "U900", "v": "x" * 700},
+    "int": {"§": "int", "v": "9" * 900},
+    "float": {"§": "float", "v": "1e999999"},
+    "size": {"§": "size", "v": [10**15] * 55},
+    "device": {"§": "device", "v": "cuda:" + "9" * 900},
+    "dtype": {"§": "dtype", "v": "x" * 900},
+    "tuple": {"§": "tuple", "v": [[]] * 300},
+    "set": {"§": "set", "v": [[0]] * 200},
+    "frozenset": {"§": "frozenset", "v": list(range(250))},
+    "dict": {"§": "dict", "v": [[[0], 1]] * 100},
+    "error": {"§": "error", "type": "x" * 400, "message": "y" * 400},
+    "opaque": {"§": "opaque", "type": "x" * 400, "repr": "y" * 400},
+    "lists": json.loads("[" * 480 + "]" * 480),
+    "dicts": [{}] * 330,
+}
+_RSS_CHILD = """
+import json, resource, sys
+import numpy, torch
+from course import observe
+observe.loads(observe.dumps({"warm": (torch.ones(3), numpy.ones(3), numpy.str_("a"), torch.Size([1]), {1, 2})}))
+grown = {}
+for name, text in json.load(sys.stdin).items():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        observe.loads(text)
+    except Exception:
+        pass
+    grown[name] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps(grown))
+"""
+
+
+def test_a_kilobyte_of_observations_cannot_make_the_judge_allocate_more_than_a_few_megabytes():
+    """Every kind of tagged value (and deep untagged nesting), forged to ask for as much as a kilobyte of text can:
+    the grader's process grows by at most 4 MiB for any of them (its peak resident memory, which counts torch's and
+    numpy's own allocations too), measured in a fresh process."""
+    texts = {name: json.dumps({"x": value}, separators=(",", ":")) for name, value in SMALL_FORGERIES.items()}
+    assert all(len(t) <= 1024 for t in texts.values()), {n: len(t) for n, t in texts.items() if len(t) > 1024}
+    assert {v["§"] for v in SMALL_FORGERIES.values() if isinstance(v, dict)} == set(observe._DECODERS)
+    done = subprocess.run([sys.executable, "-c", _RSS_CHILD], input=json.dumps(texts), capture_output=True,
+                          text=True, timeout=120, check=True)
+    grown_kib = json.loads(done.stdout)
+    assert max(grown_kib.values()) < 4 * 1024, f"peak resident memory grew (KiB) by {grown_kib}"
+
+
+def test_big_observations_a_probe_sends_still_decode():
+    """The size bound refuses only what no probe sends: a tensor and an array past the 4 MiB floor (600,000 float64
+    values each, the densest numbers a probe writes) come back whole."""
+    for value in (torch.zeros(600_000, dtype=torch.float64), np.arange(600_000, dtype=np.float64) % 7):
+        back = observe.loads(observe.dumps(value))
+        same = torch.equal(back.value, value) if isinstance(value, torch.Tensor) else np.array_equal(back, value)
+        assert same, type(value)
