@@ -66,10 +66,11 @@ def workload(kind: str, device: torch.device | str, *, gpu_speed: float = 1.0) -
     # Margins for a loaded machine, whose host oversleeps and stalls. sync-bound: the GPU is busy (and the host waits)
     # 9 / (3 + 9) = 75% of a step at speed 1, under compute-bound's 80%, and 3 / (3 + 3) = 50% at speed 3, so it
     # stays over sync-bound's 25% until the host's share triples (with 6 ms of GPU work a busy run read 24%).
-    # compute-bound: 40 / 3 ms of kernels a step at speed 3 leave room for the host's first step and stalls (with
-    # 25 ms, 3 busy loops on 2 cores read 73-79% busy over 4 steps)
+    # compute-bound: 120 / 3 ms of kernels a step at speed 3 leave room for the host's first step and stalls (with
+    # 25 ms, 3 busy loops on 2 cores read 73-79% busy over 4 steps; with 40 ms, a test session with 4 workers on
+    # 2 cores read 74%)
     host_ms, gpu_ms, kernels = {"input-bound": (12.0, 2.0, 1), "sync-bound": (3.0, 9.0, 1),
-                                "launch-bound": (0.0, 0.0003, 150), "compute-bound": (0.5, 40.0, 1)}[kind]
+                                "launch-bound": (0.0, 0.0003, 150), "compute-bound": (0.5, 120.0, 1)}[kind]
     batch = torch.randn(64, 32)
     state: dict[str, Any] = {}
 
