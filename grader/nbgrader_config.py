@@ -38,3 +38,9 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.enforce_metadata = True
 c.ClearHiddenTests.enforce_metadata = True
 c.ClearOutput.enabled = True
+
+# Feedback pages keep hidden tests hidden (grader/hidetests.py): each hidden-test region shows as one line, and the
+# cell keeps only its reason. Set `c.HideHiddenTests.enabled = False` to show learners the hidden tests whole.
+c.GenerateFeedback.preprocessors = ["nbgrader.preprocessors.GetGrades",
+                                    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+                                    "grader.hidetests.HideHiddenTests"]

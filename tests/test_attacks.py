@@ -22,6 +22,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from grader import sandbox
+from grader.hidetests import HideHiddenTests, visible_source
 from grader.nbtools import EXERCISES, SOLUTIONS, assignments, cell_scores, grade_id, nbgrader, nbgrader_meta, read
 from grader.release import generate
 from tests import batches
@@ -269,3 +270,45 @@ def test_every_module_judged_outside_the_kernel(assignment):
     assert not earned, earned
     unheld = {g: r["reason"] for g, r in hostile.items() if "held for review" not in r["reason"]}
     assert not unheld, unheld
+
+
+def _hidden_code(assignment: str) -> list[str]:
+    """The lines of the module's hidden tests (probes, judges, expected values) that appear nowhere else in its
+    source notebooks: not in a lesson, a visible check or a solution."""
+    hidden, seen = [], set()
+    for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
+        for cell in read(path).cells:
+            seen.update(line.strip() for line in visible_source(cell.source)[0].splitlines())
+            inside = False
+            for line in cell.source.splitlines():
+                mark = line.strip()
+                if mark in ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"):
+                    inside = mark.startswith("### BEGIN")
+                elif inside and len(mark) > 8:
+                    hidden.append(mark)
+    return sorted(set(hidden) - seen)
+
+
+@pytest.mark.course_batch(provider=_every_module)
+@pytest.mark.parametrize("assignment", assignments())
+def test_feedback_keeps_every_hidden_test_of_the_module_hidden(assignment):
+    """The feedback step (grader/hidetests.py) on each graded notebook of the module, from the full solution and
+    from the hostile stubs: no probe or judge code is left in it, nor any other line of a hidden test, and every
+    hidden test cell keeps its docstring and its reason."""
+    batch = batches.course()
+    secret = _hidden_code(assignment)
+    assert len(secret) > 20, secret
+    for student in ("solution", "hostile"):
+        for nb in batch.autograded(student, assignment):
+            shown, _ = HideHiddenTests()(nbformat.from_dict(nb), {})
+            text = nbformat.writes(shown)
+            lines = {line.strip() for c in shown.cells for line in c.source.splitlines()}
+            lines |= {line.strip() for c in shown.cells for o in c.get("outputs", ())
+                      for line in "\n".join(map(str, [o.get("text", ""), o.get("evalue", ""), *o.get("traceback", ()),
+                                                      *(o.get("data") or {}).values()])).splitlines()}
+            leaked = sorted(lines & set(secret))
+            assert not leaked and "__probe_" not in text and "__judge_" not in text, (student, leaked[:3])
+            tests = [c for c in shown.cells if nbgrader_meta(c).get("grade") and c.cell_type == "code"]
+            assert all(c.source.startswith('"""') for c in tests), "a test cell lost its docstring"
+            if student == "hostile":
+                assert all(any("held for review" in str(o.get("evalue")) for o in c.outputs) for c in tests)

@@ -13,6 +13,7 @@ import html
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from grader import outcome, sandbox
 from grader.cli import main
 from grader.codes import Code, Scope
 from grader.execute import GraderExecute
+from grader.hidetests import PLACEHOLDER, HideHiddenTests, visible_source
 from grader.kernel import GraderKernelManager
 from grader.limits import Limits, parse_size
 from grader.nbtools import ROOT, cell_scores, config_env, read
@@ -146,6 +148,65 @@ def test_feedback_page_explains_a_memory_bomb_once_and_keeps_the_points(graded):
     assert "grader-error" not in page and "integrity" not in page
     tampered = (out / "feedback" / "tampered" / fixture.ASSIGNMENT / "index.html").read_text()
     assert tampered.count(html.escape(Code.METADATA_EDITED.text)) == 1, "one line for all the edited cells"
+
+
+def _text_of(page: str) -> str:
+    """What a reader of an HTML page sees: its text without the tags (code is split into highlighted spans)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def _hidden_lines(folder: Path) -> list[str]:
+    """Every line of code inside a hidden-test region of the source notebooks in `folder`."""
+    lines, inside = [], False
+    for path in sorted(folder.glob("*.ipynb")):
+        for cell in read(path).cells:
+            for line in cell.source.splitlines():
+                mark = line.strip()
+                if mark in ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"):
+                    inside = mark.startswith("### BEGIN")
+                elif inside and mark:
+                    lines.append(mark)
+    return lines
+
+
+def test_feedback_pages_show_no_hidden_test_code(graded):
+    """No feedback page of the class (nbgrader's page of each graded notebook, the grader's index) holds a line of a
+    hidden test; a test cell's docstring, its points and its reason are there, with a line saying the rest is
+    hidden."""
+    solutions, _, out, _ = graded
+    hidden = _hidden_lines(solutions / fixture.ASSIGNMENT)
+    assert len(hidden) == 4, hidden
+    pages = sorted((out / "feedback").rglob("*.html"))
+    assert len(pages) > len(CLASS)
+    for page in pages:
+        text = _text_of(page.read_text())
+        leaked = [line for line in hidden if line in text]
+        assert not leaked, f"{page.relative_to(out)} shows hidden test code: {leaked}"
+    text = _text_of((out / "feedback" / "wrong-even" / fixture.ASSIGNMENT / "fixture.html").read_text())
+    assert "Check that square squares integers." in text and PLACEHOLDER.lstrip("# ") in text
+    assert "NotImplementedError" in text and "0 / 1" in text.replace("\n", " "), "its reason and points"
+
+
+def test_an_instructor_can_show_the_hidden_tests_in_feedback(graded):
+    """`c.HideHiddenTests.enabled = False` keeps every cell of an autograded notebook as it was."""
+    _, _, out, _ = graded
+    nb = read(out / "autograded" / "right" / fixture.ASSIGNMENT / "fixture.ipynb")
+    config = Config()
+    config.HideHiddenTests.enabled = False
+    shown, _ = HideHiddenTests(config=config)(nbformat.from_dict(nb), {})
+    assert nbformat.writes(shown) == nbformat.writes(nb)
+    hidden, _ = HideHiddenTests()(nbformat.from_dict(nb), {})
+    assert "BEGIN HIDDEN TESTS" in nbformat.writes(nb) and "BEGIN HIDDEN TESTS" not in nbformat.writes(hidden)
+
+
+def test_visible_source_hides_each_region_and_whatever_follows_an_unclosed_one():
+    """Hidden-test and judge regions each become one placeholder line at their indentation; an unclosed region hides
+    the rest of the cell; a cell without regions is unchanged."""
+    source = ('"""doc"""\nx = 1\n    ### BEGIN HIDDEN TESTS\n    secret()\n    ### END HIDDEN TESTS\ny = 2\n'
+              "### BEGIN JUDGE\ndef __judge_x(seen): pass\n### END JUDGE\n### BEGIN HIDDEN TESTS\nexpected = 42")
+    shown, hidden = visible_source(source)
+    assert hidden and shown == ('"""doc"""\nx = 1\n    ' + PLACEHOLDER + "\ny = 2\n" + PLACEHOLDER + "\n" + PLACEHOLDER)
+    assert visible_source("a = 1\nb = 2") == ("a = 1\nb = 2", False)
 
 
 def test_a_held_submission_is_listed_for_review_with_its_reason(graded):
