@@ -96,6 +96,9 @@ STUDENT_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._getfra
                             "function.__new__", "sys.settrace",
                             "sys.setprofile", "sys.addaudithook", "marshal.loads", "cpython.run_command"})
 STUDENT_PREFIXES = ("ctypes.", "sys.monitoring.", "cpython._PySys_ClearAuditHooks")
+# raised by course.ledger (its AUDIT_EVENT) when a sealed log refuses a write or finds a record changed after it was
+# made: a forged fact the hidden tests rely on, held for review wherever it came from
+FORGED_EVENT = "course.forged_record"
 GETATTR_REFUSED = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__", "__globals__", "f_back"})
 # of object.__setattr__/__delattr__ (audited for functions and for types' special attributes): what changes code or
 # a class's layout; a class's __doc__, __name__ or __module__ is the student's to set
@@ -559,6 +562,8 @@ class Guard:
                 and args[1] in SETATTR_REFUSED) or (
                 event == "open" and args and isinstance(args[0], str) and _proc_self(args[0]))):
             self._student_audit(event, args)
+        if event == FORGED_EVENT and self._armed:
+            self._forged_record(args)
         if event in BLOCKED_EVENTS:
             if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
                 return
@@ -590,6 +595,25 @@ class Guard:
             f"{event.split('.')[1].strip('_')} of .{args[1] if len(args) > 1 else '?'}")
         self._send("review", what=what, cell=cell, line=line)
         raise PermissionError(f"{what} is not allowed in graded code (the grader reports it for review)")
+
+    def _forged_record(self, args):
+        """Report a forged record for review (see FORGED_EVENT), with the innermost answer-cell frame on the stack."""
+        cell, line = "a test cell", 0
+        try:
+            frame = sys._getframe(2)
+            while frame is not None:
+                name = frame.f_code.co_filename
+                found = self._student_files.get(name) or (self._student_cell if _cell_code(name) else None)
+                if found is not None:
+                    cell, line = found, frame.f_lineno
+                    break
+                frame = frame.f_back
+        except Exception:               # noqa: BLE001 - no frame to blame: still held, without a cell
+            pass
+        finally:
+            frame = None
+        what = str(args[0])[:200] if args else "a record was forged"
+        self._send("review", what=f"forged a record the hidden tests rely on: {what}", cell=cell, line=line)
 
     # ---- checks ---------------------------------------------------------------------------------------------
     def verify(self):

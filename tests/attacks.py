@@ -18,6 +18,7 @@ class Attack:
     where: str        # "added": a new cell after the first answer cell; "answer": appended to the first answer cell
     code: str
     tries: str        # what it tries, in words
+    held_for: str = ""  # words the reason of its hold must contain (an "answer" attack), when it has to say why
 
 
 ADDED = [
@@ -111,6 +112,23 @@ def _forge(obj, *args, **kw):
 
 _j.dumps = _forge
 ''', "json.dumps replaced through an alias, so the probe's observations are forged"),
+    Attack("forged-record", "answer", '''
+import dataclasses
+
+import torch
+from course.simgpu import records, simulated_cuda
+
+with simulated_cuda("T4", replace_real=True) as _sim:
+    torch.ones(2).to("cuda")                           # a blocking copy, recorded as made
+    _copy = _sim.h2d_copies[0]
+    object.__setattr__(_copy, "non_blocking", True)    # ... then said to have been non_blocking
+    print(_sim.h2d_copies)                             # the sealed log notices when the record is read again
+try:
+    records.LOG.append(dataclasses.replace(_copy, non_blocking=True))  # a copy that never happened
+except PermissionError:
+    pass
+''', "the simulated GPU's records changed after they were made, and one written outside its recorders",
+        held_for="forged a record the hidden tests rely on"),
     Attack("aliased-display", "answer", '''
 from course import checks
 
@@ -118,4 +136,63 @@ _disp = checks.sys.modules["IPython.display"]  # sys.modules, spelled so that th
 _real = _disp.display
 _disp.display = lambda obj, *args, **kw: _real(obj, *args, **kw)
 ''', "IPython.display.display (which sends the observations) replaced from an answer cell"),
+]
+
+
+@dataclass(frozen=True)
+class Forgery:
+    """A near miss (the solution with one real mistake) that then forges the facts a hidden test reads to find it."""
+    notebook: str             # solutions/<notebook>
+    function: str
+    mistake: tuple[str, str]  # (old, new) in the solution cell: the near miss
+    forge: str                # code put in the answer's body right before its `return`, indented as the body is
+    tries: str
+    heard: bool = True        # it edits a sealed log (course.ledger), which the grading kernel's guard hears and holds
+
+
+FORGERIES = [
+    Forgery("01-device/device.ipynb", "smoke_test", ("    model.eval()\n", ""), '''
+    for call in getattr(model, "calls", []):      # the recorder's calls, said to have run in eval mode
+        call["training"] = False
+    try:
+        model.ledger.append((False, False, str(device)))
+    except (AttributeError, PermissionError):
+        pass
+''', "forgets eval(), then rewrites the test's recorder of forward passes"),
+    Forgery("04-amp/amp.ipynb", "amp_train_step", (
+        "    inputs = inputs.to(device, non_blocking=True)\n    targets = targets.to(device, non_blocking=True)\n",
+        "    inputs = inputs.to(device)\n    targets = targets.to(device)\n"), '''
+    from course import simgpu
+    sim = simgpu.active()
+    if sim is not None:
+        for copy in sim.h2d_copies:                # the simulated GPU's records of blocking copies, made non_blocking
+            object.__setattr__(copy, "non_blocking", True)
+''', "blocking copies, then the simulated GPU's records of them edited"),
+    Forgery("03-throughput/throughput.ipynb", "measure_throughput", ("    model.eval()\n", ""), '''
+    for call in getattr(model, "call_log", []):   # CostlyModel's record of each forward, said to be in eval mode
+        object.__setattr__(call, "training", False)
+''', "measures in training mode, then edits the model's record of its forward passes"),
+    Forgery("09-profiling/profiling.ipynb", "profile_steps", ("                with record_function(name):\n"
+                                                              "                    fn()\n",
+                                                              "                fn()\n"), '''
+    import json as _json
+    from pathlib import Path as _Path
+    trace = _json.loads(_Path(trace_path).read_text())
+    steps = [e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    for step in steps:                               # a labelled range for each region, written into the trace file
+        for at, name in enumerate(regions):
+            trace["traceEvents"].append({**step, "cat": "user_annotation", "name": name,
+                                         "ts": step["ts"] + 2500 * at + 1, "dur": 2400})
+    _Path(trace_path).write_text(_json.dumps(trace))
+    averages = prof.key_averages()
+
+    class _Labelled(list):
+        pass
+
+    labelled = _Labelled(averages)
+    for name in regions:                             # ... and into what the profiler it returns reports
+        labelled.append(type("Avg", (), {"key": name, "count": steps and len(steps)})())
+    prof.key_averages = lambda *args, **kwargs: labelled
+''', "forgets record_function, then writes labelled ranges into its trace file and its profiler's averages",
+        heard=False),
 ]

@@ -213,6 +213,7 @@ def test_an_answer_cell_that_reaches_into_the_interpreter_is_held(mini, attack):
     reason = rows[f"answer-{attack.name}", "test_add"]["reason"]
     assert _points(rows[f"answer-{attack.name}", "test_add"]) == 0
     assert reason.startswith("HeldForReview: held for review because of cell `add`"), reason
+    assert attack.held_for in reason, f"held, but not for {attack.held_for!r}: {reason}"
 
 
 def test_control_plain_nbgrader_gives_the_pasted_attacks_points(tmp_path):

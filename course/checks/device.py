@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, noting_warnings, passed
+from course.ledger import Ledger, entry_point
 from course.simgpu import simulated_cuda
 
-__all__ = ["check_describe_device", "check_device_safe_net", "check_pick_device", "check_smoke_test"]
+__all__ = ["Recorder", "check_describe_device", "check_device_safe_net", "check_pick_device", "check_smoke_test"]
 
 
 @contextlib.contextmanager
@@ -198,27 +199,35 @@ def check_device_safe_net(net_class: type) -> None:
     passed("DeviceSafeNet computes BrokenNet's result, passes gradients back and runs on a second device")
 
 
-class _Recorder(nn.Module):
-    """Records every forward (mode, autograd, the input's device); for a meta input it answers with ones on the CPU,
-    so that the output can be read."""
+@entry_point
+class Recorder(nn.Module):
+    """Records every forward (mode, autograd, the input's device) in a sealed log (`course.ledger`): a hidden test
+    keeps `recorder.ledger` before it hands the model over, and reads what really ran from it. For a meta input it
+    answers with ones on the CPU, so that the output can be read. `value`: one column of the output holds it."""
 
     def __init__(self, features: int = 3, outputs: int = 2, value: float | None = None) -> None:
         super().__init__()
         self.lin = nn.Linear(features, outputs)
         self.value = value
-        self.calls: list[dict] = []
+        self.ledger = Ledger()
+
+    @property
+    def calls(self) -> list[dict]:
+        """Each forward so far: {"training", "grad", "device"}."""
+        return [dict(zip(("training", "grad", "device"), call, strict=True)) for call in self.ledger.entries()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls.append({"training": self.training, "grad": torch.is_grad_enabled(), "device": str(x.device)})
+        self.ledger.append((self.training, torch.is_grad_enabled(), str(x.device)))
+        out = self.lin(x)  # fails when the input and the weights are on different devices
         if x.device.type == "meta":
             return torch.ones(x.shape[0], self.lin.out_features)
-        out = self.lin(x)  # fails when the input and the weights are on different devices
         return out if self.value is None else out.index_fill(1, torch.tensor([1], device=x.device), self.value)
 
 
-def _smoke(smoke_test: Callable, model: _Recorder, batch: torch.Tensor, device: Any, call: str, *,
+def _smoke(smoke_test: Callable, model: Recorder, batch: torch.Tensor, device: Any, call: str, *,
            param_device: str, shape: tuple, finite: bool) -> None:
     __tracebackhide__ = True
+    book = model.ledger  # kept before smoke_test gets the model: what really ran, whatever it does to the model
     with torch.enable_grad():
         try:
             report = smoke_test(model, batch, device)
@@ -244,8 +253,9 @@ def _smoke(smoke_test: Callable, model: _Recorder, batch: torch.Tensor, device: 
     expect_equal(tuple(report["output_shape"]), shape, f"output_shape from {call}", "the shape of the output")
     expect_equal(report["finite"], finite, f"finite from {call}",
                  "a Python bool: True exactly when no value is NaN, inf or -inf")
-    expect_equal(len(model.calls), 1, f"the number of forward passes in {call}", "run the model exactly once")
-    call0 = model.calls[0]
+    calls = book.entries()
+    expect_equal(len(calls), 1, f"the number of forward passes in {call}", "run the model exactly once")
+    call0 = dict(zip(("training", "grad", "device"), calls[0], strict=True))
     expect_equal(call0["device"], param_device, f"the device the batch reached the model on in {call}",
                  "Tensor.to returns a new tensor: pass the one it returns to the model")
     check(not call0["training"], f"the model was in training mode during the forward pass of {call}",
@@ -258,15 +268,15 @@ def check_smoke_test(smoke_test: Callable) -> None:
     """smoke_test on the CPU, on meta, on a (simulated) GPU and on outputs with NaN and infinity."""
     __tracebackhide__ = True
     with noting_warnings():
-        _smoke(smoke_test, _Recorder(), torch.randn(4, 3), "cpu", "smoke_test(model, a (4, 3) batch, 'cpu')",
+        _smoke(smoke_test, Recorder(), torch.randn(4, 3), "cpu", "smoke_test(model, a (4, 3) batch, 'cpu')",
                param_device="cpu", shape=(4, 2), finite=True)
-        _smoke(smoke_test, _Recorder(3, 5), torch.randn(6, 3), "meta", "smoke_test(model, a (6, 3) batch, 'meta')",
+        _smoke(smoke_test, Recorder(3, 5), torch.randn(6, 3), "meta", "smoke_test(model, a (6, 3) batch, 'meta')",
                param_device="meta", shape=(6, 5), finite=True)
         with simulated_cuda("T4", replace_real=True):
-            _smoke(smoke_test, _Recorder(), torch.randn(5, 3), "cuda",
+            _smoke(smoke_test, Recorder(), torch.randn(5, 3), "cuda",
                    "smoke_test(model, a (5, 3) batch, 'cuda') on a (simulated) GPU",
                    param_device="cuda:0", shape=(5, 2), finite=True)
         for value in ("nan", "inf"):
-            _smoke(smoke_test, _Recorder(value=float(value)), torch.randn(3, 3), "cpu",
+            _smoke(smoke_test, Recorder(value=float(value)), torch.randn(3, 3), "cpu",
                    f"smoke_test on a model whose output holds {value}", param_device="cpu", shape=(3, 2), finite=False)
     passed("smoke_test reports one eval-mode, no-grad forward pass on the device")

@@ -7,11 +7,13 @@ of the lesson's thresholds. More is checked at grading (other GPUs, other shapes
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +22,54 @@ from torch import nn
 
 from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
 from course.checks._profiling_traces import GPU_TRACE, GPU_TRACE_FIGURES, breakdown_of, percent_shown
+from course.ledger import Ledger, entry_point
 from course.simgpu import gpu_session, gpu_work
 
-__all__ = ["check_profile_steps", "check_time_breakdown", "check_step_mfu", "check_diagnose"]
+__all__ = ["TimedRegion", "check_diagnose", "check_profile_steps", "check_step_mfu", "check_time_breakdown",
+           "recorded_events"]
 
 
 def _sleep_ms(ms: float) -> None:
     end = time.perf_counter() + ms / 1e3
     while (left := end - time.perf_counter()) > 0:
         time.sleep(left)
+
+
+@entry_point
+class TimedRegion:
+    """A region to profile: each call keeps the CPU busy for `ms` and is noted in `book`, a sealed log
+    (`course.ledger`) that a hidden test keeps a reference to before the code under test gets the region."""
+
+    def __init__(self, name: str, book: Ledger, ms: float = 2.0) -> None:
+        self.name, self.book, self.ms = name, book, ms
+
+    def __call__(self) -> None:
+        self.book.append(self.name)
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+
+@contextlib.contextmanager
+def recorded_events() -> Iterator[Ledger]:
+    """What torch's profiler really recorded while the block runs: for each recording that ends in it, every event as
+    (name, start in ns, duration in ns), in a sealed log (`course.ledger`). torch.autograd.profiler takes a recording's
+    results from `_disable_profiler()`, which this wraps, so a hidden test reads what was recorded from here rather
+    than from a trace file or a profiler object that the code under test hands back."""
+    book = Ledger()
+    real = torch.autograd.profiler._disable_profiler
+
+    @entry_point
+    def disable_and_keep() -> Any:
+        result = real()
+        book.append(tuple((e.name(), int(e.start_ns()), int(e.duration_ns())) for e in result.events()))
+        return result
+
+    torch.autograd.profiler._disable_profiler = disable_and_keep
+    try:
+        yield book
+    finally:
+        torch.autograd.profiler._disable_profiler = real
 
 
 def check_profile_steps(profile_steps: Any) -> None:

@@ -6,6 +6,7 @@ right data is written into it in place (`Runtime.complete_copies`). Blocking cop
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable
@@ -47,16 +48,18 @@ class Copies:
     def __init__(self, rt: Runtime, generic: Callable[[Callable, tuple, dict], Any]) -> None:
         self.rt, self.generic = rt, generic  # generic: the dispatcher's path for every other call
 
-    def record(self, t: torch.Tensor, direction: str, non_blocking: bool, pinned: bool, method: str) -> records.Copy:
+    def record(self, t: torch.Tensor, direction: str, non_blocking: bool, pinned: bool,
+               method: str) -> tuple[int, records.Copy]:
         rec = records.Copy(t_ms=self.rt.ms(), direction=direction, non_blocking=bool(non_blocking),
-                                    pinned=pinned, shape=tuple(t.shape), dtype=t.dtype,
-                                    nbytes=t.numel() * t.element_size(), method=method)
-        self.rt.record(rec)
-        return rec
+                           pinned=pinned, shape=tuple(t.shape), dtype=t.dtype,
+                           nbytes=t.numel() * t.element_size(), method=method)
+        return self.rt.record(rec), rec
 
-    def ran(self, rec: records.Copy, end: float, seconds: float) -> None:
+    def ran(self, rec: tuple[int, records.Copy], end: float, seconds: float) -> None:
         """Note when the copy ran on the simulated GPU (it ended at perf_counter time `end`), for the trace."""
-        rec.gpu_start_ms, rec.gpu_ms = (end - seconds - self.rt.t0) * 1e3, seconds * 1e3
+        index, copy = rec
+        self.rt.amend(index, dataclasses.replace(copy, gpu_start_ms=(end - seconds - self.rt.t0) * 1e3,
+                                                 gpu_ms=seconds * 1e3))
 
     def h2d(self, src: torch.Tensor, non_blocking: bool, method: str) -> None:
         """Pay for a copy of `src` to the GPU on the timeline and record it."""

@@ -17,6 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from course.ledger import entry_point, pass_through
 from course.simgpu import autocast, records
 from course.simgpu.copies import Copies, RealCopyRecorder
 from course.simgpu.runtime import CUDA0, TB, Runtime, device_index, is_cuda_device, raw, tensors_in
@@ -50,6 +51,13 @@ def with_device_suffix(text: str) -> str:
     return f"{text[:j]}, device='cuda:0'{text[j:]}"
 
 
+@pass_through
+def _call(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Any other torch function, on a real GPU: called as it is (a pass-through of the sealed log)."""
+    return func(*args, **kwargs)
+
+
+@entry_point
 class Mode(TorchFunctionMode):
     """Sees every torch call on the session's thread; routes the interesting ones to the dispatcher's handlers."""
 
@@ -69,7 +77,7 @@ class Mode(TorchFunctionMode):
             return handler(func, *args, **kwargs)
         if self.simulated:
             return self.dispatcher.generic(func, args, kwargs)
-        return func(*args, **kwargs)
+        return _call(func, args, kwargs)
 
 
 class BackwardAllocations(TorchDispatchMode):
@@ -118,6 +126,7 @@ class Dispatcher:
         return table
 
     # ---- the generic path: factories with device="cuda", propagation, device mismatches -------------------------
+    @pass_through
     def generic(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         rt = self.rt
         device = kwargs.get("device")
@@ -227,7 +236,7 @@ class Dispatcher:
         in_autocast = torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
         region = rt.autocast_stack[-1] if rt.autocast_stack else None
         if in_autocast and region is not None:
-            region.backward_calls += 1
+            rt.amend_region(region)
         first = args[0] if args else kwargs.get("tensors")
         loss = first[0] if isinstance(first, (list, tuple)) and first else first
         rt.record(records.Backward(t_ms=rt.ms(), in_autocast=bool(in_autocast),

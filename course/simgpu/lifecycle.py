@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from course.simgpu import runtime, trace
+from course.simgpu import records, runtime, trace
 from course.simgpu.dispatch import Mode
 from course.simgpu.fakes import install_fakes
 from course.simgpu.recorders import install_real_recorders, install_recorders
@@ -86,6 +86,7 @@ def start(session: SimGPU) -> None:
                          f"(got {session.spec.label}, {session.spec.total_memory} bytes)")
     rt.sessions.append(session)
     session._runtime = rt
+    session._spans.append([records.LOG.size(), None])
 
 
 def stop(session: SimGPU) -> None:
@@ -94,6 +95,8 @@ def stop(session: SimGPU) -> None:
     session._runtime = None
     if rt is None:
         return
+    if session._spans and session._spans[-1][1] is None:
+        session._spans[-1][1] = records.LOG.size()
     if session in rt.sessions:
         rt.sessions.remove(session)
     if not rt.sessions and rt is runtime.current():

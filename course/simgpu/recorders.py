@@ -70,7 +70,7 @@ def _record_autocast(rt: Runtime, p: Patches) -> None:
         region = records.AutocastRegion(
             t_ms=rt.ms(), device_type=getattr(ac, "_simgpu_device", ac.device), dtype=ac.fast_dtype,
             enabled=bool(ac._enabled), native=ac.fast_dtype != torch.bfloat16 or rt.spec.native_bf16)
-        rt.record(region)
+        rt.region_index[id(region)] = rt.record(region)
         rt.autocast_stack.append(region)
         rt.last_autocast = region
         ac.__dict__.setdefault("_simgpu_regions", []).append(region)
@@ -83,9 +83,8 @@ def _record_autocast(rt: Runtime, p: Patches) -> None:
             regions = ac.__dict__.get("_simgpu_regions")
             if regions:
                 region = regions.pop()
-                region.closed = True
-                if region in rt.autocast_stack:
-                    rt.autocast_stack.remove(region)
+                rt.autocast_stack[:] = [r for r in rt.autocast_stack if r is not region]
+                rt.amend_region(region, close=True)
             if not rt.autocast_stack:  # torch clears its autocast cache when the outermost region ends
                 rt.autocast_cache.clear()
 

@@ -1,4 +1,5 @@
-"""What a session records: one dataclass per kind of event, appended to `SimGPU.log` in order."""
+"""What a session records: one frozen dataclass per kind of event, appended in order to the sealed log `LOG` (a
+`course.ledger.Ledger`), which every session reads its own stretch of (`SimGPU.log`)."""
 from __future__ import annotations
 
 import math
@@ -6,8 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
+from course.ledger import Ledger
 
-@dataclass(kw_only=True)
+# Every record of every session, in order: made once at import, before any learner code runs, and only ever appended
+# to (sessions read it from the index they started at; `SimGPU.mark()` gives probes an index of their own).
+LOG = Ledger()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Sync:
     """The host waited for the GPU: `explicit` for synchronize() calls, implicit for item(), printing, copies..."""
     t_ms: float
@@ -16,7 +23,7 @@ class Sync:
     waited_ms: float
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Copy:
     """A copy between host and GPU. `pinned`: the host side is pinned memory. `gpu_start_ms` / `gpu_ms`: when and how
     long the copy ran on the simulated GPU (NaN / 0 on a real one), for `course.simgpu.trace`."""
@@ -32,7 +39,7 @@ class Copy:
     gpu_ms: float = 0.0
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Pin:
     t_ms: float
     shape: tuple
@@ -40,9 +47,10 @@ class Pin:
     thread: str
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class AutocastRegion:
-    """One entry into autocast. `native`: False for bf16 on a GPU without bf16 hardware (a T4 emulates it)."""
+    """One entry into autocast. `native`: False for bf16 on a GPU without bf16 hardware (a T4 emulates it). `closed`
+    and `backward_calls` are amended in the log as the region ends and as backward runs inside it."""
     t_ms: float
     device_type: str
     dtype: torch.dtype
@@ -52,7 +60,7 @@ class AutocastRegion:
     backward_calls: int = 0
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Backward:
     t_ms: float
     in_autocast: bool
@@ -60,7 +68,7 @@ class Backward:
     scaled: bool  # called on the output of GradScaler.scale
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ScalerCall:
     """A GradScaler call. `autocast_dtype`: the innermost active autocast region's dtype, else the latest one's."""
     t_ms: float
@@ -72,7 +80,7 @@ class ScalerCall:
     scale: float | None = None  # the scale after the call
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Work:
     t_ms: float
     ms: float
@@ -82,7 +90,7 @@ class Work:
     launch_ms: float = 0.0  # the host's time in the call that queued it
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ModuleMove:
     t_ms: float
     module: str
@@ -91,7 +99,7 @@ class ModuleMove:
     non_blocking: bool
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryEvent:
     """A call that changes or resets the memory account: "empty_cache", "reset_peak" or "oom" (a refused allocation).
 

@@ -9,6 +9,7 @@ storage's bytes are charged to the memory account while it lives.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from course.ledger import entry_point
 from course.simgpu import records
 from course.simgpu.memory import MemoryAccount, cublas_workspace_bytes
 from course.simgpu.presets import GPUSpec
@@ -101,7 +103,9 @@ def cycles_per_ms() -> float:
 
 
 class Patches:
-    """setattr with an exact undo: a name that was inherited (not in the object's own dict) is deleted again."""
+    """setattr with an exact undo: a name that was inherited (not in the object's own dict) is deleted again. What it
+    installs (a function, or a class's methods) is where the learner's code enters the recorders: an entry point of
+    the sealed log (`course.ledger`)."""
 
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, bool, Any]] = []
@@ -111,6 +115,7 @@ class Patches:
             return
         own = vars(obj)
         self._undo.append((obj, name, name in own, own.get(name)))
+        entry_point(value)
         setattr(obj, name, value)
 
     def undo(self) -> None:
@@ -138,6 +143,7 @@ class Runtime:
         self.autocast_cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # CUDA autocast's weight casts
         self.workspace = 0  # the cuBLAS workspace's block, allocated by the first cuBLAS operation
         self.last_autocast: records.AutocastRegion | None = None
+        self.region_index: dict[int, int] = {}  # id of an open autocast region -> its index in records.LOG
         self.patches = Patches()
         self.stream: Any = None  # the current fake torch.cuda.Stream, set by the fakes
         self.default_stream: Any = None
@@ -149,9 +155,25 @@ class Runtime:
     def ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
 
-    def record(self, rec: Any) -> None:
-        for s in self.sessions:
-            s._log.append(rec)
+    def record(self, rec: Any) -> int:
+        """Append `rec` to the sealed log that every session reads (`records.LOG`); its index there."""
+        return records.LOG.append(rec)
+
+    def amend(self, index: int, rec: Any) -> None:
+        """Replace the record at `index` by `rec`, of the same kind (a copy's timing, once it has run)."""
+        records.LOG.amend(index, rec)
+
+    def amend_region(self, region: records.AutocastRegion, *, close: bool = False) -> None:
+        """Note on an open autocast region's record that it ended (`close`) or that backward ran inside it."""
+        index = self.region_index.get(id(region))
+        if index is None:
+            return
+        now = records.LOG.entries(index)[0]
+        if close:
+            self.region_index.pop(id(region), None)
+            self.amend(index, dataclasses.replace(now, closed=True))
+        else:
+            self.amend(index, dataclasses.replace(now, backward_calls=now.backward_calls + 1))
 
     def reach(self) -> float:
         """When the GPU would reach work queued now."""

@@ -14,6 +14,7 @@ from course.simgpu import lifecycle, runtime, trace
 from course.simgpu.memory import format_size
 from course.simgpu.presets import GPUSpec, real_spec, spec_of
 from course.simgpu.records import (
+    LOG,
     AutocastRegion,
     Backward,
     Copy,
@@ -26,55 +27,19 @@ from course.simgpu.records import (
 )
 
 
-class SimGPU:
-    """A recording session on the simulated GPU (`simulated=True`) or on the real one (recording only).
+class Records:
+    """Views of a stretch of the sealed log (`records.LOG`): its copies, syncs, kernels... by kind, in order."""
 
-    Use it as a context manager (`with simulated_cuda() as sim:`), or `sim.start()` / `sim.stop()` across notebook
-    cells. The record stays readable after the session ends.
+    def _records(self) -> tuple:
+        raise NotImplementedError
 
-    Introduced in 01-device.
-    """
-
-    def __init__(self, spec: GPUSpec, *, simulated: bool = True, replace_real: bool = False) -> None:
-        self.spec, self.simulated, self.replace_real = spec, simulated, replace_real
-        self._log: list[Any] = []
-        self._runtime: runtime.Runtime | None = None
-        self._device = torch.device("cuda", 0)
-
-    def __enter__(self) -> SimGPU:
-        lifecycle.start(self)
-        if not self.simulated:
-            self._device = torch.device("cuda", torch.cuda.current_device())
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        lifecycle.stop(self)
-        return False
-
-    def start(self) -> SimGPU:
-        """Enter the session without a with-block (e.g. for the rest of a notebook); `stop()` ends it."""
-        return self.__enter__()
-
-    def stop(self) -> None:
-        self.__exit__(None, None, None)
-
-    @property
-    def active(self) -> bool:
-        return self._runtime is not None
-
-    @property
-    def device(self) -> torch.device:
-        """The device to use: torch.device('cuda', 0) (the current real device on a real GPU)."""
-        return self._device
-
-    # ---- views of the record ------------------------------------------------------------------------------
     def _of(self, kind: type) -> list:
-        return [r for r in self._log if isinstance(r, kind)]
+        return [r for r in self._records() if isinstance(r, kind)]
 
     @property
     def log(self) -> list:
         """Everything recorded, in order."""
-        return list(self._log)
+        return list(self._records())
 
     @property
     def syncs(self) -> list[Sync]:
@@ -141,6 +106,59 @@ class SimGPU:
         """empty_cache() and reset_peak_memory_stats() calls, with the account's figures after each (simulated)."""
         return self._of(MemoryEvent)
 
+
+
+class Since(Records):
+    """Everything recorded from a mark (`SimGPU.mark()`) on: what a hidden test reads after the learner's code ran."""
+
+    def __init__(self, mark: int) -> None:
+        self._mark = int(mark)
+
+    def _records(self) -> tuple:
+        return LOG.entries(self._mark)
+
+
+class SimGPU(Records):
+    """A recording session on the simulated GPU (`simulated=True`) or on the real one (recording only).
+
+    Use it as a context manager (`with simulated_cuda() as sim:`), or `sim.start()` / `sim.stop()` across notebook
+    cells. The record stays readable after the session ends.
+
+    Introduced in 01-device.
+    """
+
+    def __init__(self, spec: GPUSpec, *, simulated: bool = True, replace_real: bool = False) -> None:
+        self.spec, self.simulated, self.replace_real = spec, simulated, replace_real
+        self._spans: list[list[Any]] = []   # [first, end) of LOG while active (end None: still active)
+        self._runtime: runtime.Runtime | None = None
+        self._device = torch.device("cuda", 0)
+
+    def __enter__(self) -> SimGPU:
+        lifecycle.start(self)
+        if not self.simulated:
+            self._device = torch.device("cuda", torch.cuda.current_device())
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        lifecycle.stop(self)
+        return False
+
+    def start(self) -> SimGPU:
+        """Enter the session without a with-block (e.g. for the rest of a notebook); `stop()` ends it."""
+        return self.__enter__()
+
+    def stop(self) -> None:
+        self.__exit__(None, None, None)
+
+    @property
+    def active(self) -> bool:
+        return self._runtime is not None
+
+    @property
+    def device(self) -> torch.device:
+        """The device to use: torch.device('cuda', 0) (the current real device on a real GPU)."""
+        return self._device
+
     @property
     def pending_ms(self) -> float:
         """Simulated GPU work still queued now (0 once synchronised, or outside the session)."""
@@ -149,9 +167,27 @@ class SimGPU:
             return 0.0
         return max(0.0, rt.busy_until - time.perf_counter()) * 1e3
 
+    def _records(self) -> tuple:
+        out: list = []
+        for first, end in self._spans:
+            entries = LOG.entries(first)
+            out.extend(entries if end is None else entries[:end - first])
+        return tuple(out)
+
     def clear(self) -> None:
         """Forget what was recorded so far (the queue and the tensors on the GPU stay)."""
-        self._log.clear()
+        now = LOG.size()
+        self._spans = [[now, None]] if self.active else []
+
+    def mark(self) -> int:
+        """A position in the record: `since(mark)` reads what was recorded after it. Unlike `clear()`, it changes
+        nothing that code run afterwards can undo, so a hidden test marks before it calls the learner's code."""
+        return LOG.size()
+
+    @staticmethod
+    def since(mark: int) -> Since:
+        """What every session recorded after `mark` (from `mark()`), with the same views as a session."""
+        return Since(mark)
 
     def is_on_gpu(self, t: torch.Tensor) -> bool:
         """Whether a tensor is on the (simulated or real) GPU, without recording anything."""
@@ -224,7 +260,8 @@ class SimGPU:
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
-        return f"<SimGPU {self.spec.label if self.simulated else self.spec.name}, {state}, {len(self._log)} records>"
+        name = self.spec.label if self.simulated else self.spec.name
+        return f"<SimGPU {name}, {state}, {len(self._records())} records>"
 
 
 def simulated_cuda(gpu: str | GPUSpec = "T4", *, memory: int | None = None, replace_real: bool = False) -> SimGPU:

@@ -50,7 +50,7 @@ _EXPLICIT = {"torch.cuda.synchronize()": "cudaDeviceSynchronize", "torch.acceler
              "Stream.synchronize()": "cudaStreamSynchronize"}
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Region:
     """A `record_function` range seen by a simulated session (milliseconds since the session began)."""
     t_ms: float  # when it ended (records are appended then)
