@@ -24,7 +24,7 @@ from course.ownership import is_cell_file, why_not_own
 
 __all__ = ["attempt", "graded", "grading", "judged"]
 
-# Set to True by the grader's kernel guard (grader/integrity.py), which puts it back before every cell: in a grading
+# Set to True by the grader's kernel guard (grader/guard/), which puts it back before every cell: in a grading
 # kernel test cells are graded whatever a learner's cell did to the environment.
 _GUARDED = False
 _NOT_WRITTEN_FIX = "replace `raise NotImplementedError()` with your code"

@@ -5,7 +5,7 @@ Not taught in a lesson; it backs the simulated GPU's record (`course.simgpu`) an
 code receives is the learner's to change. A `Ledger` keeps what happened anyway:
 
 - its entries live in the variables of a running generator, which no attribute of any object reaches (only a frame
-  would, and the grading kernel refuses frames, `gc` and `ctypes` to the learner's code, grader/integrity.py);
+  would, and the grading kernel refuses frames, `gc` and `ctypes` to the learner's code, grader/guard/);
 - only the course's own recording code writes to it: an append or amend is accepted when the course frames that lead
   to it were entered through a registered entry point (`entry_point`: the simulated GPU's patched torch functions,
   a recorder's `forward`), so that course code called directly with made-up facts (`Copies.record(...)`) is refused,

@@ -1,7 +1,7 @@
 """Whether a graded name holds the learner's own code, or an object imported from somewhere else.
 
 Not taught in a lesson: it backs `course.checks.graded` (the frame of every test cell) and the grader's
-in-kernel guard (grader/integrity.py), which asks `why_not_own` before each test cell of every notebook from
+in-kernel guard (grader/guard/), which asks `why_not_own` before each test cell of every notebook from
 01-device on.
 
 A function is the learner's own when its code was compiled from a notebook cell (IPython's `<ipython-input-...>`,

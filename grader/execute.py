@@ -17,7 +17,7 @@ nbgrader does (same timeouts, errors allowed, same outputs), and adds:
   its judges, which then decide here from the probes' observations
   (`grader.judge`), and the verdict replaces the cell's outputs before nbgrader reads them;
 - a submission whose answers use an operation that interferes with grading (`grader.scan`, or the kernel's audit
-  hook, `grader/integrity.py`) is held for review: every test cell gets a `HeldForReview` error that names the
+  hook, `grader/guard/`) is held for review: every test cell gets a `HeldForReview` error that names the
   operation, the cell and the line, and what the cell would have scored.
 
 Every mark is an ordinary error output, so nbgrader scores the cell 0 and the feedback shows why; `grader.outcome`

@@ -12,7 +12,7 @@ the intake notes. The error names the grader reads, and the code each stands for
 - HeldForReview (review, grader.judge's mark): the judgement held the cell; its evalue is the reason (operation,
   cell, line), the row's status is `held`, its reason `HeldForReview: <reason>`, and it scores 0 until an
   instructor reviews it;
-- NotWrittenInNotebook (grader/integrity.py): a graded name holds imported code; its evalue is the reason;
+- NotWrittenInNotebook (grader/guard/contract.py): a graded name holds imported code; its evalue is the reason;
 - any other error, such as a check's or a judge's AssertionError ("✗ what. Fix: how"): `ename: evalue`.
 """
 from __future__ import annotations
@@ -23,12 +23,13 @@ import nbformat
 
 from grader.codes import Code, Scope, status_of
 from grader.execute import OUTPUT_CUT
+from grader.guard.contract import NotWrittenInNotebook
 from grader.limits import NO_MORE_PROCESSES, GiB, out_of_memory
 from grader.nbtools import grade_id, nbgrader_meta
 from grader.verdict import Note, Row
 
 HELD = Code.REVIEW.mark             # the judge held this cell for review; its evalue is the reason
-NOT_OWN = "NotWrittenInNotebook"    # grader/integrity.py: a graded name holds imported code; its text is the reason
+NOT_OWN = NotWrittenInNotebook.__name__  # the guard: a graded name holds imported code; its text is the reason
 PYTHON_ERRORS = {"MemoryError": Code.MEMORY_LIMIT, "SystemExit": Code.SYSTEM_EXIT}   # Python's own, explained
 OUTPUT_MARKS = (OUTPUT_CUT, "... Output truncated ...")     # ours while running, nbgrader's LimitOutput after
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

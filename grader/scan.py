@@ -3,7 +3,7 @@
 `scan` reads the source of every solution cell (the student's graded cells) and lists each use of an operation that
 interferes with grading rather than doing the exercise. A finding holds the submission for review: its points are
 held (scored 0) and `summary.md` lists it under "Needs review" with the cell, the line and the operation; nothing is
-silently scored. The same operations are watched at run time by the kernel's audit hook (grader/integrity.py), which
+silently scored. The same operations are watched at run time by the kernel's audit hook (grader/guard/), which
 also catches them when they are spelled in ways a static look cannot see.
 
 What a graded cell may contain is what the exercise needs: definitions (functions, classes), imports, constants and

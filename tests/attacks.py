@@ -129,6 +129,13 @@ except PermissionError:
     pass
 ''', "the simulated GPU's records changed after they were made, and one written outside its recorders",
         held_for="forged a record the hidden tests rely on"),
+    Attack("callback-list", "answer", '''
+from course import checks
+
+_ip = checks.sys.modules["IPython"].get_ipython()     # sys.modules, spelled so that the scan does not see it
+_ip.events.callbacks["post_run_cell"].append(lambda result=None: None)   # straight into the list, not register()
+''', "a callback put straight into IPython's event list (one that could undo, after every cell, what a test "
+        "cell's guard would find)", held_for="events.callbacks"),
     Attack("aliased-display", "answer", '''
 from course import checks
 

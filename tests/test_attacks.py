@@ -294,22 +294,23 @@ def _hidden_code(assignment: str) -> list[str]:
 @pytest.mark.parametrize("assignment", assignments())
 def test_feedback_keeps_every_hidden_test_of_the_module_hidden(assignment):
     """The feedback step (grader/hidetests.py) on each graded notebook of the module, from the full solution and
-    from the hostile stubs: no probe or judge code is left in it, nor any other line of a hidden test, and every
-    hidden test cell keeps its docstring and its reason."""
+    from the hostile stubs: no probe or judge code is left in its test cells (sources and outputs), nor any other line
+    of a hidden test, and every test cell keeps its docstring and its reason."""
     batch = batches.course()
     secret = _hidden_code(assignment)
     assert len(secret) > 20, secret
     for student in ("solution", "hostile"):
         for nb in batch.autograded(student, assignment):
             shown, _ = HideHiddenTests()(nbformat.from_dict(nb), {})
-            text = nbformat.writes(shown)
-            lines = {line.strip() for c in shown.cells for line in c.source.splitlines()}
-            lines |= {line.strip() for c in shown.cells for o in c.get("outputs", ())
+            tests = [c for c in shown.cells if nbgrader_meta(c).get("grade") and c.cell_type == "code"
+                     and not nbgrader_meta(c).get("solution")]   # the student's own cells hold what they wrote
+            text = nbformat.writes(nbformat.v4.new_notebook(cells=tests))
+            lines = {line.strip() for c in tests for line in c.source.splitlines()}
+            lines |= {line.strip() for c in tests for o in c.get("outputs", ())
                       for line in "\n".join(map(str, [o.get("text", ""), o.get("evalue", ""), *o.get("traceback", ()),
                                                       *(o.get("data") or {}).values()])).splitlines()}
             leaked = sorted(lines & set(secret))
             assert not leaked and "__probe_" not in text and "__judge_" not in text, (student, leaked[:3])
-            tests = [c for c in shown.cells if nbgrader_meta(c).get("grade") and c.cell_type == "code"]
             assert all(c.source.startswith('"""') for c in tests), "a test cell lost its docstring"
             if student == "hostile":
                 assert all(any("held for review" in str(o.get("evalue")) for o in c.outputs) for c in tests)

@@ -1,6 +1,6 @@
 """Graded names must be the learner's own: a solution cell that only imports an answer scores 0, with the reason.
 
-The grader's in-kernel guard (grader/integrity.py) asks `course.ownership.why_not_own` before each test cell about
+The grader's in-kernel guard (grader/guard/) asks `course.ownership.why_not_own` before each test cell about
 the graded name that cell tests. Here a 04-amp submission takes two answers from a module it writes next to itself
 (`amp_dtype`, `amp_train_step`: imported, so 0 points with the reason in tests.csv) and wraps a third in a function
 of its own (`make_scaler`: calling a helper from one's own function is allowed, full points). The same cells earn
@@ -12,11 +12,14 @@ data a library keeps on its class as code added.
 from __future__ import annotations
 
 import sys
+import types
 
 import nbformat
 import pytest
+import torch
 
 from grader import sandbox
+from grader.guard.snapshots import _ModuleSnap
 from grader.nbtools import EXERCISES, SOLUTIONS, grade_id
 from tests import batches
 from tests.harness import run_function_tests
@@ -95,17 +98,11 @@ def test_torchs_own_first_optimizer_patch_is_not_protected_code_replaced():
     that failed before the course's first LegacySGD was built had the whole notebook held for review, its correct
     answers' points with it). The guard's snapshot of a course module applies that patch first, so a test's first
     optimizer changes nothing it guards, and the optimizer still steps."""
-    import types
-
-    import torch
-
-    from grader import integrity
-
     module = types.ModuleType("course_fixture_optimizers")
     exec("import torch\n\nclass FreshSGD(torch.optim.SGD):\n    def step(self, closure=None):\n"
          "        return super().step(closure)\n", module.__dict__)
     assert not getattr(module.FreshSGD.step, "hooked", False), "torch would patch this class on first use"
-    snap = integrity._ModuleSnap(module)
+    snap = _ModuleSnap(module)
     weight = torch.ones(2, requires_grad=True)
     optimizer = module.FreshSGD([weight], lr=0.5)
     weight.sum().backward()
@@ -119,13 +116,9 @@ def test_data_a_library_keeps_on_its_class_is_not_code_added():
     """traitlets keeps a singleton's instance on its class (`_instance`, set once the kernel exists): that is not
     code, so the snapshot stays intact (the quick check; it sent every check of ipykernel's modules the slow way),
     while a method added to the class is still taken away and reported."""
-    import types
-
-    from grader import integrity
-
     module = types.ModuleType("course_fixture_singleton")
     exec("class Kernel:\n    def run(self):\n        return 1\n", module.__dict__)
-    snap = integrity._ModuleSnap(module)
+    snap = _ModuleSnap(module)
     module.Kernel._instance = module.Kernel()
     assert snap._intact(), "data stored on the class must not read as a change"
     module.Kernel.extra = lambda self: 2

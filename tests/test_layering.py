@@ -4,8 +4,10 @@ the product package."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
+from grader import guard
 from grader.nbtools import ROOT
 
 GRADER = ROOT / "grader"
@@ -14,6 +16,7 @@ ORCHESTRATION = {"grader.workspace", "grader.grade", "grader.compile_cache", "gr
                  "grader.cluster", "grader.report", "grader.cli", "grader.nbconfig", "grader.intake"}
 # a function-local import of a grader module must name the cycle it breaks on its line
 CYCLE_MARK = "cycle:"
+GUARD_NAMESPACE = guard.NAMESPACE
 
 
 def _module(path: Path) -> str:
@@ -46,10 +49,12 @@ def _graph() -> dict[str, set[str]]:
 
 def hidden_imports(source: str, module: str) -> list[tuple[int, str]]:
     """(line, grader module) of each grader import in `source` that is not at the top of the file, nor for type
-    checking only, nor marked with the cycle it breaks."""
+    checking only (or, in grader/guard/, for the grader only: the kernel runs those files in one namespace), nor
+    marked with the cycle it breaks."""
     lines, tree = source.splitlines(), ast.parse(source)
     top = set(map(id, tree.body))
-    checking = {id(n) for stmt in tree.body if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test)
+    checking = {id(n) for stmt in tree.body if isinstance(stmt, ast.If) and (
+                "TYPE_CHECKING" in ast.unparse(stmt.test) or GUARD_NAMESPACE in ast.unparse(stmt.test))
                 for n in ast.walk(stmt)}
     return [(node.lineno, name) for node, name in _imports(tree, module)
             if id(node) not in top and id(node) not in checking and CYCLE_MARK not in lines[node.lineno - 1]]
@@ -62,6 +67,23 @@ def test_grader_modules_import_each_other_at_the_top():
               for line, name in hidden_imports(path.read_text(), _module(path))]
     assert not hidden, "move these imports to the top of their files (or name the cycle they break):\n" + \
         "\n".join(hidden)
+
+
+def test_the_kernel_side_imports_only_the_standard_library_and_itself():
+    """grader/guard/ runs in the grading kernel, where the grader cannot be imported: its files import the standard
+    library at the top, each other only for the grader (under the namespace test), and nothing else."""
+    stdlib = set(sys.stdlib_module_names)
+    for path in sorted((GRADER / "guard").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for stmt in tree.body:
+            names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else (
+                [stmt.module or ""] if isinstance(stmt, ast.ImportFrom) else [])
+            assert all(n.split(".")[0] in stdlib or n == "__future__" for n in names), (path.name, names)
+            if isinstance(stmt, ast.If):
+                assert GUARD_NAMESPACE in ast.unparse(stmt.test), (path.name, ast.unparse(stmt.test))
+                assert all(isinstance(n, ast.ImportFrom) and n.module.startswith("grader.guard.") for n in stmt.body)
+    assert tuple(sorted(p.name for p in (GRADER / "guard").glob("*.py") if p.name != "__init__.py")) == \
+        tuple(sorted(guard.ORDER)), "every file of grader/guard/ runs in the kernel, in ORDER"
 
 
 def test_the_layering_check_can_fail():

@@ -22,7 +22,7 @@ from course.checks.device import Recorder
 from course.simgpu import records, simulated_cuda
 from course.simgpu.copies import Copies
 from course.simgpu.runtime import current
-from grader import integrity
+from grader.guard import contract
 from grader.nbtools import SOLUTIONS
 from tests.attacks import FORGERIES, Forgery
 from tests.harness import blind_notebook, run_function_tests
@@ -143,8 +143,8 @@ def test_a_recorder_of_forward_passes_keeps_each_call():
 
 
 def test_the_guard_hears_the_event_the_ledger_raises():
-    """grader/integrity.py cannot import the course: it names the ledger's audit event itself."""
-    assert integrity.FORGED_EVENT == ledger.AUDIT_EVENT
+    """The guard (grader/guard/) cannot import the course: its contract names the ledger's audit event itself."""
+    assert contract.FORGED_EVENT == ledger.AUDIT_EVENT
 
 
 def _with_forgery(forgery: Forgery) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""The grading sandbox (grader/sandbox/) and the kernel's integrity guard (grader/integrity.py).
+"""The grading sandbox (grader/sandbox/) and the kernel's integrity guard (grader/guard/).
 
 Tests 1, 2, 4, 6 and 7 grade a tiny fixture course with plain `nbgrader autograde`: once with
 `--Execute.kernel_manager_class=grader.sandbox.SandboxedKernelManager` and once without, where the attacks are

@@ -14,7 +14,7 @@ Every kernel `SandboxedKernelManager` starts runs under bubblewrap (`bwrap`):
 - limits (`grader.limits.Limits`): memory, CPU seconds, processes+threads, notebook output and disk. The rlimits go
   on through grader/launch.py; the watchdog (`box`) watches the sandbox's whole process tree (`accounting`) and
   kills it at the first limit passed, recording which.
-- integrity: the kernel starts through grader/integrity.py, which restores tampered course helpers, assert_close,
+- integrity: the kernel starts through grader/guard/, which restores tampered course helpers, assert_close,
   builtins and IPython's error display before and after every cell and reports back (`box`, `client`).
 
 What happened is recorded on the manager (`km.sandbox_outcome`) and, when GRADER_SANDBOX_EVENTS names a file

@@ -21,7 +21,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grader import processes
+from grader import guard, processes
+from grader.guard.contract import CONFIG_KEYS, read_report
 from grader.limits import GiB, MiB, out_of_memory
 from grader.sandbox.accounting import dir_bytes, pss, usage
 from grader.sandbox.mounts import (
@@ -43,15 +44,18 @@ from grader.sandbox.probe import USERNS_ID
 if TYPE_CHECKING:  # for the annotation only: the manager imports this module
     from grader.sandbox.manager import SandboxedKernelManager  # a cycle at run time
 
-INTEGRITY = ROOT / "grader" / "integrity.py"
+GUARD = ROOT / "grader" / "guard"
 OUTPUT_TYPES = ("stream", "display_data", "update_display_data", "execute_result", "error")
+# argv: the guard's folder, its files in order, "--", then boot.main's arguments (grader/guard/__init__.py)
 BOOTSTRAP = ("import sys\n"
              "if sys.path and sys.path[0] == '': del sys.path[0]\n"
-             "p = sys.argv[1]\n"
-             "g = {'__name__': '__grader_integrity__', '__file__': p, '__builtins__': __builtins__}\n"
-             "exec(compile(open(p, encoding='utf-8').read(), p, 'exec'), g)\n"
-             "del p\n"
-             "g['main'](sys.argv[2:])\n")
+             "_end = sys.argv.index('--')\n"
+             f"g = {{'__name__': {guard.NAMESPACE!r}, '__builtins__': __builtins__}}\n"
+             "for _f in sys.argv[2:_end]:\n"
+             "    g['__file__'] = _p = sys.argv[1] + '/' + _f\n"
+             "    exec(compile(open(_p, encoding='utf-8').read(), _p, 'exec'), g)\n"
+             "del _end, _f, _p\n"
+             "g['main'](sys.argv[sys.argv.index('--') + 1:])\n")
 
 
 class SandboxIntegrityError(RuntimeError):
@@ -160,7 +164,9 @@ class KernelSandbox:
         """The command that starts the kernel in the sandbox (with the integrity bootstrap), and Popen kwargs."""
         bin_dir = self.priv / "bin"
         bin_dir.mkdir()
-        shutil.copy2(INTEGRITY, bin_dir / "integrity.py")
+        (bin_dir / "guard").mkdir()
+        for name in guard.ORDER:
+            shutil.copy2(GUARD / name, bin_dir / "guard" / name)
         cmd = list(kernel_cmd)
         if self.isolated:          # helper files of the repository in the command (grader/launch.py) are copied
             for i, arg in enumerate(cmd):
@@ -169,7 +175,7 @@ class KernelSandbox:
                         p.resolve(), ro_roots()):
                     shutil.copy2(p, bin_dir / p.name)
                     cmd[i] = f"{INSIDE_BIN}/{p.name}"
-        integrity_path = f"{INSIDE_BIN}/integrity.py" if self.isolated else str(bin_dir / "integrity.py")
+        guard_dir = f"{INSIDE_BIN}/guard" if self.isolated else str(bin_dir / "guard")
         self.report_r, self.report_w = os.pipe()
         os.set_inheritable(self.report_w, True)
         config_fd = None
@@ -182,7 +188,7 @@ class KernelSandbox:
                 os.close(config_w)
                 os.set_inheritable(config_fd, True)
                 self.config_r = config_fd
-                cmd[i:i] = ["-c", BOOTSTRAP, integrity_path, f"fd:{config_fd}"]
+                cmd[i:i] = ["-c", BOOTSTRAP, guard_dir, *guard.ORDER, "--", f"fd:{config_fd}"]
                 self.integrity_expected = True
                 break
         kw = dict(kw)
@@ -211,13 +217,15 @@ class KernelSandbox:
     def _kernel_config(self) -> dict:
         """The integrity guard's settings (its rlimits are none: grader/launch.py has applied them already)."""
         course = host_course_dir()
-        return {"limits": {}, "uid": self.uid, "gid": self.gid, "report_fd": self.report_w,
-                "token": self.token, "test_marker": self.test_marker, "isolated": self.isolated,
-                "course_dir": str(course) if course else None,
-                "graded": {digest: names for digest, names in self.test_sources.items() if names},
-                "answers": self.answers,
-                "home": INSIDE_HOME if self.isolated else None,
-                "neutral_dir": INSIDE_HOME if self.isolated else "/"}
+        config = {"limits": {}, "uid": self.uid, "gid": self.gid, "report_fd": self.report_w,
+                  "token": self.token, "test_marker": self.test_marker, "isolated": self.isolated,
+                  "course_dir": str(course) if course else None,
+                  "graded": {digest: names for digest, names in self.test_sources.items() if names},
+                  "answers": self.answers,
+                  "home": INSIDE_HOME if self.isolated else None,
+                  "neutral_dir": INSIDE_HOME if self.isolated else "/"}
+        assert tuple(config) == CONFIG_KEYS, "the guard's config and grader/guard/contract.py disagree"
+        return config
 
     # ---- running ----------------------------------------------------------------------------------------------
     def started(self, pid: int) -> None:
@@ -245,11 +253,8 @@ class KernelSandbox:
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for line in lines:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(msg, dict) or msg.get("token") != self.token:
+                msg = read_report(line, self.token)
+                if msg is None:
                     continue
                 ev = msg.get("ev")
                 if ev == "ready":

@@ -23,7 +23,7 @@ from grader.sandbox.layers import layer
 from grader.sandbox.probe import bwrap, features, namespace_args
 
 ROOT = Path(__file__).resolve().parents[2]
-INSIDE_BIN = "/run/grader"          # grader files the kernel needs (integrity.py, launch.py) appear here, read-only
+INSIDE_BIN = "/run/grader"          # grader files the kernel needs (guard/, launch.py) appear here, read-only
 INSIDE_HOME = "/home/student"
 INSIDE_COMPILE_CACHE = f"{INSIDE_HOME}/.cache/torch-compile"   # TORCHINDUCTOR_CACHE_DIR inside (see compile_cache)
 UID_SLOTS = 10_000

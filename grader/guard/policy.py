@@ -1,0 +1,72 @@
+"""The guard's policy: what it protects and restores, and what it refuses when the student's code does it.
+
+Plain data and two predicates, read by the rest of the guard (grader/scan.py lists the same operations by name for its
+static look at answers).
+"""
+
+
+PROTECTED_EXTRA = frozenset({"torch.testing", "torch.testing._comparison", "numpy.testing",
+                             "numpy.testing._private.utils"})
+# Modules too big (or patched by the course itself: course.simgpu swaps torch.cuda, Tensor.pin_memory...) to
+# freeze whole: only the names that checks and test cells compare with are held to their imported values.
+TENSOR_NAMES = ("equal", "allclose", "isclose", "eq", "ne", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+                "__ge__", "__abs__", "__sub__", "__bool__", "__float__", "__int__", "__len__", "__iter__",
+                "__getitem__", "abs", "all", "any", "item", "tolist", "detach", "cpu", "numel", "sub", "isnan",
+                "isfinite", "float", "double", "size", "dim", "shape", "dtype", "device")
+WATCHED = {"math": None,            # None: every callable of the module
+           "torch": ("equal", "allclose", "isclose", "eq", "ne", "all", "any", "abs", "isnan", "isfinite", "Tensor"),
+           "warnings": ("catch_warnings", "simplefilter", "filterwarnings", "resetwarnings", "warn"),
+           "json": ("dumps", "loads", "dump", "load", "JSONEncoder", "JSONDecoder"),
+           "json.encoder": None,
+           "contextlib": None,
+           "numpy": ("asarray", "array_equal", "allclose", "isclose", "abs", "maximum", "where", "isnan", "argmax",
+                     "iscomplexobj", "unravel_index", "all", "any", "ndarray")}
+WATCHED_CLASSES = {"torch": ("Tensor", TENSOR_NAMES)}
+MACHINERY = ("IPython.core.interactiveshell", "IPython.core.ultratb", "IPython.core.events",
+             "IPython.core.compilerop", "IPython.core.displayhook", "IPython.core.displaypub",
+             "IPython.core.async_helpers", "IPython.display", "IPython.core.display_functions",
+             "IPython.core.display", "ipykernel.zmqshell", "ipykernel.ipkernel", "ipykernel.kernelbase",
+             "ipykernel.compiler", "ipykernel.displayhook", "jupyter_client.session", "zmq.sugar.socket",
+             "IPython.core.inputtransformer2")
+# Builtins that IPython and ipykernel themselves rebind while cells run (input is swapped for every execution).
+VOLATILE_BUILTINS = frozenset({"input", "raw_input", "_", "__", "___", "exit", "quit", "get_ipython", "display",
+                               "__IPYTHON__", "help", "copyright", "credits", "license", "dreload", "runfile",
+                               "execfile"})
+SHELL_ATTRS = ("InteractiveTB", "SyntaxTB", "CustomTB", "custom_exceptions", "compile", "events", "displayhook",
+               "display_pub", "display_trap", "builtin_trap", "input_transformer_manager", "user_ns",
+               "user_module", "ast_transformers", "input_transformers_cleanup", "input_transformers_post", "kernel")
+KERNEL_ATTRS = ("shell", "session", "iopub_socket", "shell_handlers", "control_handlers")
+SESSION_ATTRS = ("pack", "unpack", "auth", "key", "signature_scheme")
+BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.addaudithook"})
+WATCHED_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
+# Refused, and reported for review, when the code that does it directly is the student's (a graded cell, or a
+# function defined in one): no honest answer to this course needs them (grader/scan.py lists the same by name).
+STUDENT_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._getframemodulename", "gc.get_objects",
+                            "gc.get_referrers", "gc.get_referents", "exec", "compile", "code.__new__",
+                            "function.__new__", "sys.settrace",
+                            "sys.setprofile", "sys.addaudithook", "marshal.loads", "cpython.run_command"})
+STUDENT_PREFIXES = ("ctypes.", "sys.monitoring.", "cpython._PySys_ClearAuditHooks")
+GETATTR_REFUSED = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__", "__globals__", "f_back"})
+# of object.__setattr__/__delattr__ (audited for functions and for types' special attributes): what changes code or
+# a class's layout; a class's __doc__, __name__ or __module__ is the student's to set
+SETATTR_REFUSED = frozenset({"__code__", "__bases__", "__class__", "__defaults__", "__kwdefaults__", "__dict__",
+                             "__mro__", "__globals__", "__closure__"})
+# a function's replaceable parts (_FunctionSnap): CPython audits every write to them (object.__setattr__ or
+# object.__delattr__, Python 3.8+), and reading __code__ as well, which costs an audit call per protected function
+FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+PROC_SELF = ("/proc/self", "/proc/thread-self")
+GRADING_MODULE, GRADING_FLAG = "course._testcell", "_GUARDED"  # True: test cells raise their failures (graded mode)
+GRADING_VARIABLE = "NBGRADER_EXECUTION"  # set by nbgrader's validate and autograde; course.checks reads it too
+PRISTINE = "__grader_builtins__"      # notebook-level name through which test cells read pristine builtins
+HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
+
+
+def _proc_self(path):
+    """Whether `path` is one of the kernel's own /proc entries (its memory, command line, file descriptors)."""
+    parts = path.split("/")
+    return path.startswith(PROC_SELF) or (len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit())
+
+
+def _cell_code(filename):
+    """Whether code with this co_filename was compiled from a notebook cell (IPython's or ipykernel's names)."""
+    return isinstance(filename, str) and (filename.startswith("<ipython-input-") or "/ipykernel_" in filename)
