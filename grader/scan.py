@@ -9,8 +9,10 @@ also catches them when they are spelled in ways a static look cannot see.
 What a graded cell may contain is what the exercise needs: definitions (functions, classes), imports, constants and
 top-level code that calls them (a quick `print(my_function(...))` is fine). What it may not contain, anywhere:
 
-- reaching into the interpreter: frames and tracebacks' frames, `gc`, `ctypes`, tracing/profiling/monitoring hooks,
-  audit hooks, code objects, function internals (`__code__`, `__globals__`, `__closure__`), `__subclasses__`;
+- reaching into the interpreter: frames and tracebacks' frames (also through inspect and traceback), `gc`, `ctypes`
+  in any spelling (`numpy.ctypeslib`, an array's `.ctypes`, the name "ctypes" looked up at run time),
+  tracing/profiling/monitoring hooks, audit hooks, code objects, function internals (`__code__`, `__globals__`,
+  `__closure__`), a function's source (`inspect.getsource`), `__subclasses__`;
 - running text as code: `exec`, `eval`, `compile`, `__import__`, `importlib`, `runpy`, `code`, `marshal`;
 - the notebook machinery: `get_ipython`, IPython, ipykernel, zmq and jupyter_client, input or AST transformers,
   event callbacks, `sys.modules`, import hooks, `builtins` and `__builtins__`, `globals()`, `locals()`, `vars()`;
@@ -41,17 +43,23 @@ ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__builtins__", "__subcl
               "input_transformers_post", "input_transformers_cleanup", "input_transformer_manager",
               "ast_transformers", "user_ns", "user_global_ns", "showtraceback", "_showtraceback", "displayhook",
               "display_pub", "excepthook", "walk_stack", "walk_tb", "currentframe", "dup2", "fdopen", "CodeType",
-              "FunctionType"}
-MODULES = {"gc", "ctypes", "inspect", "builtins", "IPython", "ipykernel", "jupyter_client", "zmq", "traitlets",
-           "importlib", "dis", "code", "codeop", "runpy", "marshal", "linecache", "unittest", "faulthandler", "atexit",
-           "grader", "nbgrader", "nbclient", "_testcell", "ownership", "observe", "sysconfig", "site"}
+              "FunctionType", "getouterframes", "getinnerframes", "getframeinfo", "getsource", "getsourcelines",
+              "getclosurevars", "ctypes", "ctypeslib", "pythonapi"}
+# inspect itself is fine (inspect.signature of one's own function); its frame helpers are not, and at run time the
+# guard refuses what any library does with frames on the student's behalf (grader/guard/blame.py)
+INSPECT_FRAMES = {"stack", "trace"}
+MODULES = {"gc", "ctypes", "_ctypes", "ctypeslib", "builtins", "IPython", "ipykernel", "jupyter_client", "zmq",
+           "traitlets", "importlib", "dis", "code", "codeop", "runpy", "marshal", "linecache", "unittest",
+           "faulthandler", "atexit", "grader", "nbgrader", "nbclient", "_testcell", "ownership", "observe", "sysconfig",
+           "site"}
 ALLOWED_FROM = {"IPython.display"}   # display(), HTML(), Markdown(): showing things (the guard protects them)
 SYS_ATTRIBUTES = {"modules", "settrace", "setprofile", "audit", "addaudithook", "meta_path", "path_hooks",
                   "displayhook", "excepthook", "_getframe", "monitoring"}
 OS_CALLS = {"close", "write", "dup", "dup2", "fdopen", "closerange", "open"}   # the kernel's own pipes and sockets
 # switches the lessons turn on purpose (TF32, cuDNN benchmark and determinism, torch.compile's settings)
 TAUGHT = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.")
-PROC = re.compile(r"/proc/(self|thread-self|\d+)(/|$)")   # /proc/meminfo is fine; the kernel's own entries are not
+PROC = re.compile(r"/proc/(self|thread-self|\d+)(/|$)")
+CTYPES = re.compile(r"(^|\.)_?ctypes(lib)?($|\.)")   # /proc/meminfo is fine; the kernel's own entries are not
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,8 @@ class _Scan(ast.NodeVisitor):
             self.flag(node, f"uses os.{node.attr}")
         elif node.attr == "register" and dotted.endswith("events.register"):
             self.flag(node, "registers an event callback")
+        elif node.attr in INSPECT_FRAMES and (self.known.get(root) or root) == "inspect":
+            self.flag(node, f"uses inspect.{node.attr}")
         if isinstance(node.ctx, (ast.Store, ast.Del)) and root in self.known and root not in self.bound:
             if not any(dotted.startswith(p) for p in TAUGHT):
                 self.flag(node, f"{'assigns to' if isinstance(node.ctx, ast.Store) else 'deletes'} {dotted}")
@@ -172,6 +182,8 @@ class _Scan(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and PROC.search(node.value):
             self.flag(node, "names the kernel's own /proc entries")
+        elif isinstance(node.value, str) and CTYPES.search(node.value):
+            self.flag(node, "names ctypes")   # sys.modules["ctypes"], importlib.import_module("ctypes")
 
 
 SETUP_NAMES = {"torch", "nn", "F", "np", "numpy", "math", "checks", "course", "os", "sys", "time", "builtins",

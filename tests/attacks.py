@@ -136,6 +136,59 @@ _ip = checks.sys.modules["IPython"].get_ipython()     # sys.modules, spelled so 
 _ip.events.callbacks["post_run_cell"].append(lambda result=None: None)   # straight into the list, not register()
 ''', "a callback put straight into IPython's event list (one that could undo, after every cell, what a test "
         "cell's guard would find)", held_for="events.callbacks"),
+    Attack("laundered-inspect", "answer", '''
+from course import checks
+
+_m = checks.sys.modules                      # modules, spelled so that the scan does not see them
+_frame = _m["inspect"].currentframe()      # sys._getframe, done by inspect on the student's behalf
+''', "a frame through inspect.currentframe (the library does the audited call)", held_for="sys._getframe"),
+    Attack("laundered-traceback", "answer", '''
+from course import checks
+
+_frames = list(checks.sys.modules["traceback"].walk_stack(None))
+''', "frames through traceback.walk_stack", held_for="sys._getframe"),
+    Attack("laundered-gc", "answer", '''
+from course import checks
+
+_m = checks.sys.modules
+_walk = _m["functools"].singledispatch(getattr(_m["gc"], "get_" + "objects"))
+_objects = _walk(0)                          # gc.get_objects(0), called by functools' dispatcher
+''', "gc's object walk behind functools.singledispatch", held_for="gc.get_objects"),
+    Attack("worker-thread", "answer", '''
+import concurrent.futures
+
+from course import checks
+
+with concurrent.futures.ThreadPoolExecutor(1) as _pool:   # the worker's own stack holds no code of the student's
+    _frames = _pool.submit(getattr(checks.sys, "_current" + "_frames")).exception()
+''', "every thread's frames, fetched by a pool's worker thread", held_for="sys._current_frames"),
+    Attack("pathlib-proc", "answer", '''
+import pathlib
+
+_status = pathlib.Path("/proc/se" + "lf/status").read_text()   # opened by pathlib and io
+''', "the kernel's own /proc entry, opened through pathlib", held_for="open"),
+    Attack("ipython-open", "answer", '''
+_status = open("/proc/se" + "lf/status").read()    # the notebook's open is IPython's wrapper
+''', "the kernel's own /proc entry, opened through IPython's open", held_for="open"),
+    Attack("timeit-text", "answer", '''
+import timeit
+
+_t = timeit.Timer("x = 1").timeit(1)        # text compiled and run by timeit
+''', "text run as code by timeit.Timer", held_for="compile"),
+    Attack("pickle-text", "answer", '''
+import pickle
+
+try:
+    pickle._loads(b"cbuiltins\\nexec\\n(S'_x = 1'\\ntR.")   # a pickle whose REDUCE calls exec
+except PermissionError:
+    pass
+''', "text run as code through pickle's pure-Python loader", held_for="compile"),
+    Attack("numpy-ctypeslib", "answer", '''
+import numpy as np
+import numpy.ctypeslib as _npc
+
+_raw = _npc.as_ctypes(np.zeros(2))          # ctypes objects over memory, made by numpy's helpers
+''', "ctypes through numpy.ctypeslib", held_for="ctypes"),
     Attack("aliased-display", "answer", '''
 from course import checks
 

@@ -99,10 +99,41 @@ class Adder:
 Adder.__doc__ = "Adds two numbers."
 
 
+def _unusual(a, b):
+    """Honest Python that the standard library does with frames or compiled templates, run while a test calls add."""
+    import enum           # noqa: F401 - already imported: a lazy import inside a function is honest too
+    import functools
+    import inspect
+    import threading
+    import timeit
+    import typing
+
+    class Point(typing.NamedTuple):
+        x: int
+        y: int
+
+    Colour = enum.Enum("Colour", "RED GREEN")
+    Made = dataclasses.make_dataclass("Made", [("value", int, 0)])
+    logging.getLogger("add").debug("adding %s and %s", a, b, stack_info=True)
+    timeit.timeit(lambda: a + b, number=3)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(a + b))
+    worker.start()
+    worker.join()
+
+    @functools.singledispatch
+    def twice(x):
+        return 2 * x
+
+    assert list(inspect.signature(add).parameters) == ["a", "b"] and twice(results[0]) == 2 * (a + b)
+    return Point(a, b), Colour.RED, Made(a)
+
+
 def add(a, b):
     logging.getLogger("add").debug("adding %s and %s", a, b)
     if "google.colab" in sys.modules:
         warnings.warn("on Colab", stacklevel=2)
+    _unusual(a, b)
     try:
         return Adder()(*Pair(a, b))
     except TypeError as error:

@@ -169,7 +169,10 @@ def test_every_solution_and_correct_variant_scans_clean_and_attacks_do_not():
     sneaky = [Attack("x", "answer", s, "") for s in (
         "import gc\n", "f = lambda: 0\nf.__code__ = None\n", "import torch\ntorch.Tensor.to = lambda *a: a\n",
         "from course import checks\nchecks.check = print\n", "open('/proc/self/mem')\n",
-        "x = __builtins__\n", "import sys\nsys.modules['x'] = 1\n", "setattr(torch, 'allclose', all)\n")]
+        "x = __builtins__\n", "import sys\nsys.modules['x'] = 1\n", "setattr(torch, 'allclose', all)\n",
+        "import numpy.ctypeslib\n", "from numpy import ctypeslib\n", "from course import checks\n"
+        "c = checks.sys.modules['ctypes']\n", "import numpy as np\np = np.zeros(2).ctypes.data\n",
+        "import inspect\nf = inspect.stack()\n", "import inspect as i\ns = i.getsource(print)\n")]
     for attack in sneaky:
         assert scan.scan_source(attack.code, "f", {"torch"}), attack.code
     honest = ("import torch\ntorch.backends.cudnn.benchmark = True\n", "import torch\ntorch._dynamo.config.x = 1\n",
@@ -177,7 +180,9 @@ def test_every_solution_and_correct_variant_scans_clean_and_attacks_do_not():
               "import sys\nc = 'google.colab' in sys.modules\n",
               "class A:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)\n",
               "open('/proc/meminfo').read()\n", "from IPython.display import display\ndisplay(1)\n",
-              "import sys\nprint('x', file=sys.stderr)\n")
+              "import sys\nprint('x', file=sys.stderr)\n",
+              "import inspect\ndef g(a):\n    return a\nn = len(inspect.signature(g).parameters)\n",
+              "import torch\nx = torch.stack([torch.ones(1)])\n")
     for source in honest:
         assert scan.scan_source(source, "f", {"torch"}) == [], source
 

@@ -12,8 +12,8 @@ The config arrives once through the inherited pipe N (so the report token is not
 between the guard and the grader, both ways, is written once in contract.py, which both sides import.
 
 The files, in ORDER: contract (what crosses), policy (what is protected and refused), snapshots (by identity), imports
-(pinned to installed locations), cells (test-cell rules), verify and hooks (the guard's checks and cell hooks), guard
-(the audit hook and the reports), boot.
+(pinned to installed locations), cells (test-cell rules), verify, hooks and blame (the guard's checks, its cell hooks,
+and whose operation an audited one is), guard (the audit hook and the reports), boot.
 
 What the guard protects, and how:
 - `course` and its submodules, `torch.testing` (assert_close), `numpy.testing`: always imported from their installed
@@ -53,6 +53,6 @@ grades are decided outside the kernel (grader/judge.py).
 
 Written for CPython 3.10+, IPython 8/9, ipykernel 6/7. No dataclasses: these files run from a plain dict namespace.
 """
-ORDER = ("contract.py", "policy.py", "snapshots.py", "imports.py", "cells.py", "verify.py", "hooks.py", "guard.py",
-         "boot.py")
+ORDER = ("contract.py", "policy.py", "snapshots.py", "imports.py", "cells.py", "verify.py", "hooks.py", "blame.py",
+         "guard.py", "boot.py")
 NAMESPACE = "__grader_guard__"

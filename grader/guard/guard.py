@@ -9,8 +9,10 @@ import os
 import sys
 import threading
 import types
+import weakref
 
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
+    from grader.guard.blame import _Blame, _timeit_code
     from grader.guard.cells import _Unshadow
     from grader.guard.contract import FORGED_EVENT, report_line
     from grader.guard.hooks import _CellHooks
@@ -40,7 +42,7 @@ if __name__ != "__grader_guard__":  # imported by the grader; in a grading kerne
     from grader.guard.verify import _Verify
 
 
-class Guard(_Verify, _CellHooks):
+class Guard(_Verify, _CellHooks, _Blame):
     """Snapshots protected code before student code runs and restores it around every cell."""
 
     def __init__(self, config):
@@ -51,7 +53,8 @@ class Guard(_Verify, _CellHooks):
         self._refusal = None            # why the current test cell was not run
         self.course_dir = config.get("course_dir") or None
         self.trusted_paths = [p for p in sys.path if p and os.path.isabs(p)]
-        self._library_roots = tuple(os.path.join(p, "") for p in self.trusted_paths if os.path.isdir(p))
+        roots = [*self.trusted_paths, *([self.course_dir] if self.course_dir else [])]   # installed code, the course
+        self._library_roots = tuple(os.path.join(p, "") for p in roots if os.path.isdir(p))
         self._modules = {}              # protected modules: name -> _ModuleSnap (identity of the real module)
         self._watched = {}              # watched modules: name -> (module, [_NamesSnap])
         self._machinery = {}            # name -> _ModuleSnap of IPython/ipykernel modules
@@ -66,6 +69,7 @@ class Guard(_Verify, _CellHooks):
         self._answers = {str(k): str(v) for k, v in (config.get("answers") or {}).items()}  # digest -> grade_id
         self._student_cell = None       # the grade_id of the answer cell running now, if one is
         self._student_files = {}        # co_filename -> grade_id of the code each answer cell defined
+        self._student_threads = weakref.WeakKeyDictionary()   # Thread -> (cell, line): started by the student's code
         self._hooked = threading.local()
         self._functions_set = True      # a write to a function's FUNCTION_PARTS was audited since the last verify()
         self._check_functions = True
@@ -81,6 +85,8 @@ class Guard(_Verify, _CellHooks):
         self._insert_finder()
         self._meta_prefix = list(sys.meta_path[:sys.meta_path.index(self._finder)])
         sys.addaudithook(self._audit)
+        self._watch_threads()           # before the snapshots: threading's watched Thread.start is the wrapped one
+        self._timeit = _timeit_code()
         for name in sorted(sys.modules):
             if self.protected(name) or name in WATCHED:
                 self._register(sys.modules[name])
@@ -165,6 +171,7 @@ class Guard(_Verify, _CellHooks):
             self._student_audit(event, args)
         if event == FORGED_EVENT and self._armed:
             self._forged_record(args)
+
         if event in BLOCKED_EVENTS:
             if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
                 return
@@ -174,28 +181,36 @@ class Guard(_Verify, _CellHooks):
             self._flag(f"called {event}()")
 
     def _student_audit(self, event, args):
-        """Refuse `event` when the frame that caused it is the student's own code; report it for review."""
+        """Refuse `event` when the student's code is behind it (blame.py); report it for review."""
         hooked = self._hooked
         if getattr(hooked, "busy", False):
             return
         hooked.busy = True
         try:
             frame = sys._getframe(2)    # 0: this method, 1: _audit, 2: the code that did the operation
-            code = frame.f_code
-            cell = self._student_files.get(code.co_filename)
-            if cell is None and self._student_cell is not None and _cell_code(code.co_filename):
-                cell = self._student_cell
-            line = frame.f_lineno
+            blamed = None if self._timeit_template(frame, event, args) else self._blame(frame, event)
+            if blamed is not None and event == "object.__getattr__" and self._student_of(frame) is None and \
+                    not self._reads_a_test(args):
+                blamed = None           # a library reading code for them (dataclasses' inspect.signature): not a test's
         except Exception:               # noqa: BLE001 - no frame to blame: not the student's code
             return
         finally:
+            frame = None
             hooked.busy = False
-        if cell is None:
+        if blamed is None:
             return
+        cell, line = blamed
         what = event if event not in ("object.__getattr__", "object.__setattr__", "object.__delattr__") else (
             f"{event.split('.')[1].strip('_')} of .{args[1] if len(args) > 1 else '?'}")
         self._send("review", what=what, cell=cell, line=line)
         raise PermissionError(f"{what} is not allowed in graded code (the grader reports it for review)")
+
+    def _reads_a_test(self, args):
+        """Whether an audited read (`object.__getattr__`) is of a test cell's code: a probe's `__code__` or
+        `__globals__`, which inspect.getsource, dis or linecache would turn into its source."""
+        code = getattr(args[0], "__code__", None) if args else None   # audited too: the busy flag keeps us out
+        filename = getattr(code, "co_filename", None)
+        return _cell_code(filename) and self._student_files.get(filename) is None and self._student_cell is None
 
     def _forged_record(self, args):
         """Report a forged record for review (see FORGED_EVENT), with the innermost answer-cell frame on the stack."""

@@ -20,8 +20,9 @@ WATCHED = {"math": None,            # None: every callable of the module
            "json.encoder": None,
            "contextlib": None,
            "numpy": ("asarray", "array_equal", "allclose", "isclose", "abs", "maximum", "where", "isnan", "argmax",
-                     "iscomplexobj", "unravel_index", "all", "any", "ndarray")}
-WATCHED_CLASSES = {"torch": ("Tensor", TENSOR_NAMES)}
+                     "iscomplexobj", "unravel_index", "all", "any", "ndarray"),
+           "threading": ("Thread",)}     # and Thread.start, which the guard wraps (blame.py)
+WATCHED_CLASSES = {"torch": ("Tensor", TENSOR_NAMES), "threading": ("Thread", ("start",))}
 MACHINERY = ("IPython.core.interactiveshell", "IPython.core.ultratb", "IPython.core.events",
              "IPython.core.compilerop", "IPython.core.displayhook", "IPython.core.displaypub",
              "IPython.core.async_helpers", "IPython.display", "IPython.core.display_functions",
@@ -46,6 +47,21 @@ STUDENT_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._getfra
                             "function.__new__", "sys.settrace",
                             "sys.setprofile", "sys.addaudithook", "marshal.loads", "cpython.run_command"})
 STUDENT_PREFIXES = ("ctypes.", "sys.monitoring.", "cpython._PySys_ClearAuditHooks")
+# Done by the standard library on its own behalf in honest code when the frame that does it and its caller are of the
+# same module family (blame.py): importing compiles and runs a module's source, dataclasses builds methods from its own
+# templates, logging and enum find their caller's frame. Called from outside, the same code only passes it on.
+OWN_BEHALF = {"compile": ("importlib", "dataclasses"), "exec": ("importlib", "dataclasses"),
+              "marshal.loads": ("importlib",),
+              "sys._getframe": ("logging", "enum", "typing", "dataclasses", "collections"),
+              "sys._getframemodulename": ("enum", "typing", "collections")}
+# ... whoever calls it: namedtuple evaluates its own template, made of field names it has checked
+ALWAYS_OWN = {event: (("collections", "namedtuple"),) for event in ("compile", "exec", "sys._getframe",
+                                                                      "sys._getframemodulename", "object.__setattr__")}
+ALWAYS_OWN["object.__setattr__"] += (("typing", "__new__"),)   # typing.NamedTuple sets the __bases__ of its class
+# installed code that only passes an operation on for its caller ("*": every function of the module): IPython's
+# `open` (the notebook's builtin), numpy's ctypes helpers
+RELAYS = frozenset({("IPython.core.interactiveshell", "_modified_open"), ("numpy.ctypeslib", "*"),
+                    ("numpy._core._internal", "*"), ("numpy.core._internal", "*")})
 GETATTR_REFUSED = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "__code__", "__globals__", "f_back"})
 # of object.__setattr__/__delattr__ (audited for functions and for types' special attributes): what changes code or
 # a class's layout; a class's __doc__, __name__ or __module__ is the student's to set
