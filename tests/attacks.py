@@ -189,6 +189,16 @@ import numpy.ctypeslib as _npc
 
 _raw = _npc.as_ctypes(np.zeros(2))          # ctypes objects over memory, made by numpy's helpers
 ''', "ctypes through numpy.ctypeslib", held_for="ctypes"),
+    Attack("silenced-guard", "answer", '''
+from course import checks
+
+_ip = checks.sys.modules["IPython"].get_ipython()
+_hook = _ip.events.callbacks["pre_run_cell"][-1]          # the guard's own callback
+_guard = getattr(_hook, "__self__", None) or getattr(_hook, "__glob" + "als__")["_guard"]()
+_guard._armed = False                                     # the guard silenced: it would refuse nothing more
+_frame = getattr(checks.sys, "_get" + "frame")(0)        # ... such as this
+''', "the guard's own state reached through its event callback, and switched off",
+        held_for="reached for the grader's guard"),
     Attack("aliased-display", "answer", '''
 from course import checks
 

@@ -19,11 +19,11 @@ import threading
 import timeit
 
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
+    from grader.guard.imports import _GUARD_FILES, _guard
     from grader.guard.policy import ALWAYS_OWN, OWN_BEHALF, RELAYS, _cell_code
 
 _STDLIB = os.path.join(os.path.dirname(os.path.abspath(os.__file__)), "")   # the interpreter's own, not a venv's
 _INSTALLED = re.compile(r"[/\\](site|dist)-packages[/\\]")   # third-party code beside the standard library
-_GUARD_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _family(name):
@@ -91,9 +91,10 @@ class _Blame:
     def _watch_threads(self):
         """Wrap threading.Thread.start (restored like a watched name, policy.WATCHED): a thread that the student's
         code starts is noted, so that at the top of its stack its operations count as theirs."""
-        real, guard = threading.Thread.start, self
+        real = threading.Thread.start
 
         def start(thread):
+            guard = _guard()            # not a closure over the guard: notebook code reaches this function
             hooked = guard._hooked
             if not getattr(hooked, "busy", False):
                 hooked.busy = True

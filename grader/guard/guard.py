@@ -14,9 +14,9 @@ import weakref
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
     from grader.guard.blame import _Blame, _timeit_code
     from grader.guard.cells import _Unshadow
-    from grader.guard.contract import FORGED_EVENT, report_line
-    from grader.guard.hooks import _CellHooks
-    from grader.guard.imports import _TrustedFinder
+    from grader.guard.contract import FORGED_EVENT, REACHED_EVENT, report_line
+    from grader.guard.hooks import _CellHooks, _on_post_run_cell, _on_pre_run_cell
+    from grader.guard.imports import _GUARD_FILES, _guard, _TrustedFinder
     from grader.guard.policy import (
         BLOCKED_EVENTS,
         FUNCTION_PARTS,
@@ -81,7 +81,8 @@ class Guard(_Verify, _CellHooks, _Blame):
         self._unshadow = _Unshadow()
         self._environ = os.environ
         self._grading_value = os.environ.get(GRADING_VARIABLE)
-        self._finder = _TrustedFinder(self)
+        _guard(self)                    # kept where notebook code cannot reach it (imports._keep_guard)
+        self._finder = _TrustedFinder()
         self._insert_finder()
         self._meta_prefix = list(sys.meta_path[:sys.meta_path.index(self._finder)])
         sys.addaudithook(self._audit)
@@ -138,8 +139,8 @@ class Guard(_Verify, _CellHooks, _Blame):
         self._shell_builtins = {k: v for k, v in shell.user_ns.items() if k in self._pristine}
         self._user_builtins = shell.user_ns.get("__builtins__", builtins)
         shell.ast_transformers.append(self._unshadow)
-        shell.events.register("pre_run_cell", self._pre_run_cell)
-        shell.events.register("post_run_cell", self._post_run_cell)
+        shell.events.register("pre_run_cell", _on_pre_run_cell)
+        shell.events.register("post_run_cell", _on_post_run_cell)
         self._objects = [_ObjectSnap(shell, "shell", SHELL_ATTRS), _ObjectSnap(kernel, "kernel", KERNEL_ATTRS)]
         for label, obj, names in (("session", getattr(kernel, "session", None), SESSION_ATTRS),
                                   ("InteractiveTB", getattr(shell, "InteractiveTB", None), ()),
@@ -171,6 +172,8 @@ class Guard(_Verify, _CellHooks, _Blame):
             self._student_audit(event, args)
         if event == FORGED_EVENT and self._armed:
             self._forged_record(args)
+        if event == REACHED_EVENT and self._armed:
+            self._forged_record(args, "reached for the grader's guard: ")
 
         if event in BLOCKED_EVENTS:
             if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
@@ -190,7 +193,7 @@ class Guard(_Verify, _CellHooks, _Blame):
             frame = sys._getframe(2)    # 0: this method, 1: _audit, 2: the code that did the operation
             blamed = None if self._timeit_template(frame, event, args) else self._blame(frame, event)
             if blamed is not None and event == "object.__getattr__" and self._student_of(frame) is None and \
-                    not self._reads_a_test(args):
+                    not self._reads_protected(args):
                 blamed = None           # a library reading code for them (dataclasses' inspect.signature): not a test's
         except Exception:               # noqa: BLE001 - no frame to blame: not the student's code
             return
@@ -205,21 +208,23 @@ class Guard(_Verify, _CellHooks, _Blame):
         self._send("review", what=what, cell=cell, line=line)
         raise PermissionError(f"{what} is not allowed in graded code (the grader reports it for review)")
 
-    def _reads_a_test(self, args):
-        """Whether an audited read (`object.__getattr__`) is of a test cell's code: a probe's `__code__` or
-        `__globals__`, which inspect.getsource, dis or linecache would turn into its source."""
+    def _reads_protected(self, args):
+        """Whether an audited read (`object.__getattr__`) is of a test cell's code or the guard's: a probe's
+        `__code__` (inspect.getsource would turn it into its source) or a guard function's `__globals__`."""
         code = getattr(args[0], "__code__", None) if args else None   # audited too: the busy flag keeps us out
         filename = getattr(code, "co_filename", None)
+        if isinstance(filename, str) and filename.startswith(_GUARD_FILES):
+            return True
         return _cell_code(filename) and self._student_files.get(filename) is None and self._student_cell is None
 
-    def _forged_record(self, args):
-        """Report a forged record for review (see FORGED_EVENT), with the innermost answer-cell frame on the stack."""
+    def _forged_record(self, args, prefix="forged a record the hidden tests rely on: "):
+        """Report for review what a forged record (FORGED_EVENT) or a reach for the guard (REACHED_EVENT) raised, with
+        the innermost frame of the student's on the stack (a test cell's, when none is)."""
         cell, line = "a test cell", 0
         try:
             frame = sys._getframe(2)
             while frame is not None:
-                name = frame.f_code.co_filename
-                found = self._student_files.get(name) or (self._student_cell if _cell_code(name) else None)
+                found = self._student_of(frame)
                 if found is not None:
                     cell, line = found, frame.f_lineno
                     break
@@ -228,9 +233,8 @@ class Guard(_Verify, _CellHooks, _Blame):
             pass
         finally:
             frame = None
-        what = str(args[0])[:200] if args else "a record was forged"
-        self._send("review", what=f"forged a record the hidden tests rely on: {what}", cell=cell, line=line)
-
+        what = str(args[0])[:200] if args else "?"
+        self._send("review", what=prefix + what, cell=cell, line=line)
 
     # ---- reporting ------------------------------------------------------------------------------------------
     def _flag(self, what):

@@ -9,6 +9,7 @@ import types
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
     from grader.guard.cells import _bound_names, looks_like_test_cell
     from grader.guard.contract import GraderIntegrityError, NotWrittenInNotebook
+    from grader.guard.imports import _guard
     from grader.guard.policy import PRISTINE, VOLATILE_BUILTINS, _cell_code
     from grader.guard.snapshots import _MISSING, _functions_of
 
@@ -166,3 +167,13 @@ class _CellHooks:
         except Exception:
             pass
         return True
+
+
+def _on_pre_run_cell(info=None):
+    """IPython's pre_run_cell callback: the guard's, which it reaches without holding it (imports._keep_guard)."""
+    return _guard()._pre_run_cell(info)
+
+
+def _on_post_run_cell(result=None):
+    """IPython's post_run_cell callback (see _on_pre_run_cell)."""
+    return _guard()._post_run_cell(result)

@@ -8,6 +8,7 @@ import os
 import sys
 
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
+    from grader.guard.hooks import _on_post_run_cell, _on_pre_run_cell
     from grader.guard.policy import GRADING_FLAG, GRADING_MODULE, GRADING_VARIABLE, PROTECTED_EXTRA, _cell_code
     from grader.guard.snapshots import _MISSING
 
@@ -118,13 +119,13 @@ class _Verify:
         callbacks = shell.events.callbacks
         self._verify_callbacks(callbacks, changes)
         pre = callbacks.setdefault("pre_run_cell", [])
-        if not pre or pre[-1] is not self._pre_run_cell:        # ours runs last: nothing re-tampers after it
-            while self._pre_run_cell in pre:
-                pre.remove(self._pre_run_cell)
-            pre.append(self._pre_run_cell)
+        if not pre or pre[-1] is not _on_pre_run_cell:          # ours runs last: nothing re-tampers after it
+            while _on_pre_run_cell in pre:
+                pre.remove(_on_pre_run_cell)
+            pre.append(_on_pre_run_cell)
         post = callbacks.setdefault("post_run_cell", [])
-        if self._post_run_cell not in post:
-            post.append(self._post_run_cell)
+        if _on_post_run_cell not in post:
+            post.append(_on_post_run_cell)
 
     def _verify_callbacks(self, callbacks, changes):
         """A callback that notebook code added to IPython's events (through `register` or straight into the lists)
@@ -132,8 +133,8 @@ class _Verify:
         inline backend registers one when pyplot is first imported)."""
         for name, now in list(callbacks.items()):
             kept = self._callbacks.get(name, ())
-            added = [cb for cb in now if all(cb is not k for k in kept) and cb != self._pre_run_cell
-                     and cb != self._post_run_cell and not _from_a_library(cb, self._library_roots)]
+            added = [cb for cb in now if all(cb is not k for k in kept) and cb is not _on_pre_run_cell
+                     and cb is not _on_post_run_cell and not _from_a_library(cb, self._library_roots)]
             if added:
                 now[:] = [cb for cb in now if all(cb is not a for a in added)]
                 changes.append(f"events.callbacks[{name!r}] (added)")
