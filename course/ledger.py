@@ -27,7 +27,9 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-__all__ = ["AUDIT_EVENT", "ForgedRecord", "Ledger", "entry_point", "pass_through"]
+from course import observe
+
+__all__ = ["AUDIT_EVENT", "ForgedRecord", "Ledger", "Spy", "entry_point", "pass_through"]
 
 AUDIT_EVENT = "course.forged_record"
 _COURSE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -177,3 +179,36 @@ class Ledger(tuple):
 
 
 _WRITERS = frozenset({Ledger.append.__code__, Ledger.amend.__code__})
+
+
+@entry_point
+class Spy(tuple):
+    """A callable handed to the code under test that notes each of its calls in a sealed log: `note(*args, **kwargs)`
+    (the hidden test's own function) says what to keep of a call, as plain data (`course.observe` encodes it at once),
+    and `fn` does the call's work; either may be None (a spy with neither counts its calls). A tuple, so that neither
+    function nor the log can be swapped; a hidden test keeps the spy itself and reads `calls()` after the code ran."""
+    __slots__ = ()
+
+    def __new__(cls, fn: Callable | None = None, note: Callable | None = None) -> Spy:
+        return super().__new__(cls, (fn, note, Ledger()))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn, note, book = self
+        book.append(True if note is None else observe.dumps(note(*args, **kwargs)))
+        return None if fn is None else fn(*args, **kwargs)
+
+    def calls(self) -> list:
+        """What `note` kept of each call, in order, decoded afresh (nothing read here changes the log); a tensor comes
+        back as a tensor on the CPU."""
+        return [entry if entry is True else _tensors(observe.loads(entry)) for entry in self[2].entries()]
+
+
+def _tensors(value: Any) -> Any:
+    """`value` with each decoded tensor (`observe.Tensor`) replaced by the tensor itself."""
+    if isinstance(value, observe.Tensor):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_tensors(v) for v in value)
+    return value
