@@ -199,6 +199,31 @@ _guard._armed = False                                     # the guard silenced: 
 _frame = getattr(checks.sys, "_get" + "frame")(0)        # ... such as this
 ''', "the guard's own state reached through its event callback, and switched off",
         held_for="reached for the grader's guard"),
+    Attack("ctypes-by-name", "answer", '''
+from course import checks
+
+_cell = checks.sys.modules["ctypes"].c_long.from_address(id(0))   # ctypes, looked up by name
+''', "ctypes reached through sys.modules, never imported", held_for="ctypes"),
+    Attack("laundered-walk-tb", "answer", '''
+from course import checks
+
+try:
+    1 / 0
+except ZeroDivisionError as _error:
+    _frames = list(getattr(checks.sys.modules["traceback"], "walk" + "_tb")(_error.__traceback__))
+''', "a traceback's frames, read by traceback.walk_tb", held_for="tb_frame"),
+    Attack("faulthandler-dump", "answer", '''
+from course import checks
+
+with open("stacks.txt", "w") as _out:       # every thread's stack, written by faulthandler (no audit event)
+    checks.sys.modules["faulth" + "andler"].dump_traceback(_out, all_threads=True)
+''', "every thread's stack dumped by faulthandler", held_for="faulthandler.dump_traceback"),
+    Attack("transformer-class", "answer", '''
+from course import checks
+
+_tm = checks.sys.modules["IPython.core.inputtransformer2"].TransformerManager
+_tm.transform_cell = lambda self, cell: "pass\\n"   # every later cell, a test's too, would run as `pass`
+''', "IPython's cell transformer class rewritten", held_for="transform_cell"),
     Attack("aliased-display", "answer", '''
 from course import checks
 

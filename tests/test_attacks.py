@@ -106,6 +106,7 @@ def _unusual(a, b):
     import inspect
     import threading
     import timeit
+    import traceback
     import typing
 
     class Point(typing.NamedTuple):
@@ -126,6 +127,10 @@ def _unusual(a, b):
         return 2 * x
 
     assert list(inspect.signature(add).parameters) == ["a", "b"] and twice(results[0]) == 2 * (a + b)
+    try:
+        {}["missing"]
+    except KeyError:
+        logging.getLogger("add").debug("caught: %s", traceback.format_exc())
     return Point(a, b), Colour.RED, Made(a)
 
 

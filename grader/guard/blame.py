@@ -12,6 +12,7 @@ Going up from the frame that did it, the first frame that decides:
 At the top of the stack, the operation is theirs only in a thread that their code started (`_watch_threads`): a pool's
 worker calling `sys._current_frames` for them.
 """
+import faulthandler
 import os
 import re
 import sys
@@ -20,7 +21,7 @@ import timeit
 
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
     from grader.guard.imports import _GUARD_FILES, _guard
-    from grader.guard.policy import ALWAYS_OWN, OWN_BEHALF, RELAYS, _cell_code
+    from grader.guard.policy import ALWAYS_OWN, FAULTHANDLER, OWN_BEHALF, RELAYS, _cell_code
 
 _STDLIB = os.path.join(os.path.dirname(os.path.abspath(os.__file__)), "")   # the interpreter's own, not a venv's
 _INSTALLED = re.compile(r"[/\\](site|dist)-packages[/\\]")   # third-party code beside the standard library
@@ -77,6 +78,15 @@ class _Blame:
         sources, codes = self._timeit
         return (event == "compile" and args[0] in sources) or (event == "exec" and args[0] in codes)
 
+    def _innermost_student(self, frame):
+        """(answer cell, line) of the innermost frame of the student's on the stack from `frame` up, or None."""
+        while frame is not None:
+            cell = self._student_of(frame)
+            if cell is not None:
+                return cell, frame.f_lineno
+            frame = frame.f_back
+        return None
+
     def _blame(self, frame, event):
         """(answer cell, line) of the student's code behind `event`, which `frame` did; None when it is not theirs."""
         while frame is not None:
@@ -110,3 +120,24 @@ class _Blame:
 
         start.__wrapped__ = real
         threading.Thread.start = start
+
+    def _watch_faulthandler(self):
+        """Wrap faulthandler's dumps (restored like watched names, policy.WATCHED): each writes the stack of every
+        thread, a test's included, and raises no audit event; one that the student's code is behind is refused and
+        held, like an audited operation."""
+        for name in FAULTHANDLER:
+            real = getattr(faulthandler, name, None)
+            if real is not None:
+                setattr(faulthandler, name, _refusing(real, f"faulthandler.{name}"))
+
+
+def _refusing(real, what):
+    """`real`, refused (and held) when the student's code is behind the call (see _Blame)."""
+    def call(*args, **kwargs):
+        guard = _guard()                # not a closure over the guard: notebook code reaches this function
+        if guard is not None and guard._armed:
+            guard._refuse(guard._blame(sys._getframe(1), what), what)
+        return real(*args, **kwargs)
+
+    call.__wrapped__ = real
+    return call

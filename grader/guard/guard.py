@@ -86,7 +86,8 @@ class Guard(_Verify, _CellHooks, _Blame):
         self._insert_finder()
         self._meta_prefix = list(sys.meta_path[:sys.meta_path.index(self._finder)])
         sys.addaudithook(self._audit)
-        self._watch_threads()           # before the snapshots: threading's watched Thread.start is the wrapped one
+        self._watch_threads()           # before the snapshots: the watched Thread.start and faulthandler's dumps
+        self._watch_faulthandler()      # are the wrapped ones
         self._timeit = _timeit_code()
         for name in sorted(sys.modules):
             if self.protected(name) or name in WATCHED:
@@ -192,28 +193,44 @@ class Guard(_Verify, _CellHooks, _Blame):
         try:
             frame = sys._getframe(2)    # 0: this method, 1: _audit, 2: the code that did the operation
             blamed = None if self._timeit_template(frame, event, args) else self._blame(frame, event)
-            if blamed is not None and event == "object.__getattr__" and self._student_of(frame) is None and \
-                    not self._reads_protected(args):
-                blamed = None           # a library reading code for them (dataclasses' inspect.signature): not a test's
+            if event == "object.__getattr__" and len(args) > 1 and self._student_of(frame) is None:
+                if args[1] in ("__code__", "__globals__") and not self._reads_protected(args):
+                    blamed = None       # a library reading code for them that is not a test's (inspect.signature)
+                elif blamed is None and self._reads_protected(args):
+                    blamed = self._innermost_student(frame)   # a traceback with a test's frames, formatted for them
         except Exception:               # noqa: BLE001 - no frame to blame: not the student's code
             return
         finally:
             frame = None
             hooked.busy = False
+        what = event if event not in ("object.__getattr__", "object.__setattr__", "object.__delattr__") else (
+            f"{event.split('.')[1].strip('_')} of .{args[1] if len(args) > 1 else '?'}")
+        self._refuse(blamed, what)
+
+    def _refuse(self, blamed, what):
+        """Nothing when `blamed` is None; else report `what` for review, with the cell and line, and refuse it."""
         if blamed is None:
             return
         cell, line = blamed
-        what = event if event not in ("object.__getattr__", "object.__setattr__", "object.__delattr__") else (
-            f"{event.split('.')[1].strip('_')} of .{args[1] if len(args) > 1 else '?'}")
         self._send("review", what=what, cell=cell, line=line)
         raise PermissionError(f"{what} is not allowed in graded code (the grader reports it for review)")
 
     def _reads_protected(self, args):
-        """Whether an audited read (`object.__getattr__`) is of a test cell's code or the guard's: a probe's
-        `__code__` (inspect.getsource would turn it into its source) or a guard function's `__globals__`."""
-        code = getattr(args[0], "__code__", None) if args else None   # audited too: the busy flag keeps us out
+        """Whether an audited read (`object.__getattr__`) that library code does for the student reaches a test
+        cell's code or the guard's: a probe's `__code__` (inspect.getsource turns it into its source), a guard
+        function's `__globals__`, or a traceback's or generator's frame that runs a test's code or the guard's (a
+        traceback formatted with its source lines)."""
+        if len(args) < 2:
+            return True
+        target, name = args[0], args[1]
+        if name in ("__code__", "__globals__"):
+            code = getattr(target, "__code__", None)        # audited too: the busy flag keeps us out of it
+        else:
+            code = getattr(getattr(target, name, None), "f_code", None)
         filename = getattr(code, "co_filename", None)
-        if isinstance(filename, str) and filename.startswith(_GUARD_FILES):
+        if not isinstance(filename, str):
+            return False
+        if filename.startswith(_GUARD_FILES):
             return True
         return _cell_code(filename) and self._student_files.get(filename) is None and self._student_cell is None
 

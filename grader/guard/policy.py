@@ -21,7 +21,9 @@ WATCHED = {"math": None,            # None: every callable of the module
            "contextlib": None,
            "numpy": ("asarray", "array_equal", "allclose", "isclose", "abs", "maximum", "where", "isnan", "argmax",
                      "iscomplexobj", "unravel_index", "all", "any", "ndarray"),
-           "threading": ("Thread",)}     # and Thread.start, which the guard wraps (blame.py)
+           "threading": ("Thread",),     # and Thread.start, which the guard wraps (blame.py)
+           "faulthandler": ("dump_traceback", "dump_traceback_later")}   # wrapped too (ipykernel patches enable)
+FAULTHANDLER = WATCHED["faulthandler"]
 WATCHED_CLASSES = {"torch": ("Tensor", TENSOR_NAMES), "threading": ("Thread", ("start",))}
 MACHINERY = ("IPython.core.interactiveshell", "IPython.core.ultratb", "IPython.core.events",
              "IPython.core.compilerop", "IPython.core.displayhook", "IPython.core.displaypub",
@@ -58,6 +60,10 @@ OWN_BEHALF = {"compile": ("importlib", "dataclasses"), "exec": ("importlib", "da
 ALWAYS_OWN = {event: (("collections", "namedtuple"),) for event in ("compile", "exec", "sys._getframe",
                                                                       "sys._getframemodulename", "object.__setattr__")}
 ALWAYS_OWN["object.__setattr__"] += (("typing", "__new__"),)   # typing.NamedTuple sets the __bases__ of its class
+ALWAYS_OWN["compile"] += (("ast", "parse"),)   # a tree, not code (traceback parses a line to place its carets)
+# traceback's formatting reads each traceback entry's frame for itself (print_exc, format_exc, logging.exception):
+# it hands back text, not frames; walk_tb hands the frames to its caller (blame.py checks the frames are no test's)
+ALWAYS_OWN["object.__getattr__"] = (("traceback", "extract"), ("traceback", "_extract_from_extended_frame_gen"))
 # installed code that only passes an operation on for its caller ("*": every function of the module): IPython's
 # `open` (the notebook's builtin), numpy's ctypes helpers
 RELAYS = frozenset({("IPython.core.interactiveshell", "_modified_open"), ("numpy.ctypeslib", "*"),
