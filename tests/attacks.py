@@ -19,6 +19,21 @@ class Attack:
     code: str
     tries: str        # what it tries, in words
     held_for: str = ""  # words the reason of its hold must contain (an "answer" attack), when it has to say why
+    together: bool = False  # graded in one answer cell with the other such attacks, each in its own try block
+
+
+def together(attacks: list[Attack]) -> str:
+    """The answer-cell code of `attacks` run one after the other, each in a block that starts with its name's marker
+    line (`marker`) and whose failure does not stop the next: one student's kernel tries them all."""
+    blocks = []
+    for attack in attacks:
+        body = "".join(f"    {line}\n" if line.strip() else "\n" for line in attack.code.strip("\n").splitlines())
+        blocks.append(f"{marker(attack)}\ntry:\n{body}except Exception:\n    pass\n")
+    return "\n" + "\n".join(blocks)
+
+
+def marker(attack: Attack) -> str:
+    return f"# ---- attack: {attack.name}"
 
 
 ADDED = [
@@ -128,32 +143,33 @@ try:
 except PermissionError:
     pass
 ''', "the simulated GPU's records changed after they were made, and one written outside its recorders",
-        held_for="forged a record the hidden tests rely on"),
+        held_for="forged a record the hidden tests rely on", together=True),
     Attack("callback-list", "answer", '''
 from course import checks
 
 _ip = checks.sys.modules["IPython"].get_ipython()     # sys.modules, spelled so that the scan does not see it
 _ip.events.callbacks["post_run_cell"].append(lambda result=None: None)   # straight into the list, not register()
 ''', "a callback put straight into IPython's event list (one that could undo, after every cell, what a test "
-        "cell's guard would find)", held_for="events.callbacks"),
+        "cell's guard would find)", held_for="events.callbacks", together=True),
     Attack("laundered-inspect", "answer", '''
 from course import checks
 
 _m = checks.sys.modules                      # modules, spelled so that the scan does not see them
 _frame = _m["inspect"].currentframe()      # sys._getframe, done by inspect on the student's behalf
-''', "a frame through inspect.currentframe (the library does the audited call)", held_for="sys._getframe"),
+''', "a frame through inspect.currentframe (the library does the audited call)", held_for="sys._getframe",
+        together=True),
     Attack("laundered-traceback", "answer", '''
 from course import checks
 
 _frames = list(checks.sys.modules["traceback"].walk_stack(None))
-''', "frames through traceback.walk_stack", held_for="sys._getframe"),
+''', "frames through traceback.walk_stack", held_for="sys._getframe", together=True),
     Attack("laundered-gc", "answer", '''
 from course import checks
 
 _m = checks.sys.modules
 _walk = _m["functools"].singledispatch(getattr(_m["gc"], "get_" + "objects"))
 _objects = _walk(0)                          # gc.get_objects(0), called by functools' dispatcher
-''', "gc's object walk behind functools.singledispatch", held_for="gc.get_objects"),
+''', "gc's object walk behind functools.singledispatch", held_for="gc.get_objects", together=True),
     Attack("worker-thread", "answer", '''
 import concurrent.futures
 
@@ -161,20 +177,20 @@ from course import checks
 
 with concurrent.futures.ThreadPoolExecutor(1) as _pool:   # the worker's own stack holds no code of the student's
     _frames = _pool.submit(getattr(checks.sys, "_current" + "_frames")).exception()
-''', "every thread's frames, fetched by a pool's worker thread", held_for="sys._current_frames"),
+''', "every thread's frames, fetched by a pool's worker thread", held_for="sys._current_frames", together=True),
     Attack("pathlib-proc", "answer", '''
 import pathlib
 
 _status = pathlib.Path("/proc/se" + "lf/status").read_text()   # opened by pathlib and io
-''', "the kernel's own /proc entry, opened through pathlib", held_for="open"),
+''', "the kernel's own /proc entry, opened through pathlib", held_for="open", together=True),
     Attack("ipython-open", "answer", '''
 _status = open("/proc/se" + "lf/status").read()    # the notebook's open is IPython's wrapper
-''', "the kernel's own /proc entry, opened through IPython's open", held_for="open"),
+''', "the kernel's own /proc entry, opened through IPython's open", held_for="open", together=True),
     Attack("timeit-text", "answer", '''
 import timeit
 
 _t = timeit.Timer("x = 1").timeit(1)        # text compiled and run by timeit
-''', "text run as code by timeit.Timer", held_for="compile"),
+''', "text run as code by timeit.Timer", held_for="compile", together=True),
     Attack("pickle-text", "answer", '''
 import pickle
 
@@ -182,13 +198,13 @@ try:
     pickle._loads(b"cbuiltins\\nexec\\n(S'_x = 1'\\ntR.")   # a pickle whose REDUCE calls exec
 except PermissionError:
     pass
-''', "text run as code through pickle's pure-Python loader", held_for="compile"),
+''', "text run as code through pickle's pure-Python loader", held_for="compile", together=True),
     Attack("numpy-ctypeslib", "answer", '''
 import numpy as np
 import numpy.ctypeslib as _npc
 
 _raw = _npc.as_ctypes(np.zeros(2))          # ctypes objects over memory, made by numpy's helpers
-''', "ctypes through numpy.ctypeslib", held_for="ctypes"),
+''', "ctypes through numpy.ctypeslib", held_for="ctypes", together=True),
     Attack("silenced-guard", "answer", '''
 from course import checks
 
@@ -198,12 +214,12 @@ _guard = getattr(_hook, "__self__", None) or getattr(_hook, "__glob" + "als__")[
 _guard._armed = False                                     # the guard silenced: it would refuse nothing more
 _frame = getattr(checks.sys, "_get" + "frame")(0)        # ... such as this
 ''', "the guard's own state reached through its event callback, and switched off",
-        held_for="reached for the grader's guard"),
+        held_for="reached for the grader's guard", together=True),
     Attack("ctypes-by-name", "answer", '''
 from course import checks
 
 _cell = checks.sys.modules["ctypes"].c_long.from_address(id(0))   # ctypes, looked up by name
-''', "ctypes reached through sys.modules, never imported", held_for="ctypes"),
+''', "ctypes reached through sys.modules, never imported", held_for="ctypes", together=True),
     Attack("laundered-walk-tb", "answer", '''
 from course import checks
 
@@ -211,19 +227,19 @@ try:
     1 / 0
 except ZeroDivisionError as _error:
     _frames = list(getattr(checks.sys.modules["traceback"], "walk" + "_tb")(_error.__traceback__))
-''', "a traceback's frames, read by traceback.walk_tb", held_for="tb_frame"),
+''', "a traceback's frames, read by traceback.walk_tb", held_for="tb_frame", together=True),
     Attack("faulthandler-dump", "answer", '''
 from course import checks
 
 with open("stacks.txt", "w") as _out:       # every thread's stack, written by faulthandler (no audit event)
     checks.sys.modules["faulth" + "andler"].dump_traceback(_out, all_threads=True)
-''', "every thread's stack dumped by faulthandler", held_for="faulthandler.dump_traceback"),
+''', "every thread's stack dumped by faulthandler", held_for="faulthandler.dump_traceback", together=True),
     Attack("transformer-class", "answer", '''
 from course import checks
 
 _tm = checks.sys.modules["IPython.core.inputtransformer2"].TransformerManager
 _tm.transform_cell = lambda self, cell: "pass\\n"   # every later cell, a test's too, would run as `pass`
-''', "IPython's cell transformer class rewritten", held_for="transform_cell"),
+''', "IPython's cell transformer class rewritten", held_for="transform_cell", together=True),
     Attack("aliased-display", "answer", '''
 from course import checks
 

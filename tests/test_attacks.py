@@ -14,6 +14,7 @@ options they share (answer cells limited to 20 s, no HTML feedback).
 from __future__ import annotations
 
 import copy
+import re
 import tempfile
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from grader.hidetests import HideHiddenTests, visible_source
 from grader.nbtools import EXERCISES, SOLUTIONS, assignments, cell_scores, grade_id, nbgrader, nbgrader_meta, read
 from grader.release import generate
 from tests import batches
-from tests.attacks import ADDED, ANSWER, Attack
+from tests.attacks import ADDED, ANSWER, Attack, marker, together
 from tests.mutations import solution_cell
 
 AVAILABLE, WHY = sandbox.status()
@@ -197,7 +198,10 @@ def _mini(batch: batches.Folders) -> None:
     students = {name: _submission(release, answer) for name, answer in ANSWERS.items()}
     students["stub"] = _submission(release)
     students |= {f"added-{a.name}": _submission(release, ANSWERS["nothing"], added=[a]) for a in ADDED}
-    students |= {f"answer-{a.name}": _submission(release, ANSWERS["nothing"], appended=a) for a in ANSWER}
+    students |= {f"answer-{a.name}": _submission(release, ANSWERS["nothing"], appended=a) for a in ANSWER
+                 if not a.together}
+    grouped = Attack("together", "answer", together([a for a in ANSWER if a.together]), "")
+    students["answer-together"] = _submission(release, ANSWERS["nothing"], appended=grouped)
     for student, nb in students.items():
         batch.write(student, "mini", nb)
 
@@ -242,14 +246,38 @@ def test_a_pasted_cell_earns_nothing(mini, attack):
     assert len(pasted) == 1 and "not run" in pasted[0].outputs[0]["text"], "kept for the feedback, marked not run"
 
 
+REVIEW = re.compile(r"^cell `add`(?:, line (\d+))?: (.*)$")
+
+
+def _reviews_of(batch: batches.Graded, student: str, attack: Attack) -> list[str]:
+    """The reasons a student's notebook was held for that name `attack`'s lines (reasons reported with no line, such
+    as protected code put back after the cell, count for every attack of the cell)."""
+    [graded] = batch.autograded(student, "mini")
+    answer = next(c.source for c in graded.cells if nbgrader_meta(c).get("solution"))
+    lines = answer.splitlines()
+    first = lines.index(marker(attack)) + 1 if marker(attack) in lines else 1
+    last = next((n for n in range(first + 1, len(lines) + 1) if lines[n - 1].startswith("# ---- attack:")),
+                len(lines) + 1)
+    found = []
+    for reason in graded.metadata.get("grader", {}).get("review", []):
+        match = REVIEW.match(reason)
+        if match and (match.group(1) is None or int(match.group(1)) == 0 or first <= int(match.group(1)) < last):
+            found.append(match.group(2))
+    return found
+
+
 @pytest.mark.course_batch(provider=_mini)
 @pytest.mark.parametrize("attack", ANSWER, ids=lambda a: a.name)
 def test_an_answer_cell_that_reaches_into_the_interpreter_is_held(mini, attack):
-    _, rows = mini
-    reason = rows[f"answer-{attack.name}", "test_add"]["reason"]
-    assert _points(rows[f"answer-{attack.name}", "test_add"]) == 0
+    """Each answer-cell attack is held for review with its own reason: alone in its cell, or (`together`) in a cell
+    of such attacks, each in a try block, where its reason must name its own lines."""
+    batch, rows = mini
+    student = "answer-together" if attack.together else f"answer-{attack.name}"
+    reason = rows[student, "test_add"]["reason"]
+    assert _points(rows[student, "test_add"]) == 0
     assert reason.startswith("HeldForReview: held for review because of cell `add`"), reason
-    assert attack.held_for in reason, f"held, but not for {attack.held_for!r}: {reason}"
+    reasons = _reviews_of(batch, student, attack)
+    assert any(attack.held_for in r for r in reasons), f"held, but not for {attack.held_for!r}: {reasons}"
 
 
 def test_control_plain_nbgrader_gives_the_pasted_attacks_points(tmp_path):

@@ -170,7 +170,7 @@ class SimGPU(Records):
     def _records(self) -> tuple:
         out: list = []
         for first, end in self._spans:
-            entries = LOG.entries(first)
+            entries = LOG.view(first)
             out.extend(entries if end is None else entries[:end - first])
         return tuple(out)
 
