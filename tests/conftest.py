@@ -34,8 +34,10 @@ COSTLIEST = ["test_attacks.py",  # makes the course batch (tests/batches.py) tha
              "test_browser.py", "test_install.py",
              "test_grader.py",  # grades the class test_cluster reads (tests/students.py)
              "test_distributed.py", "test_mutations.py", "test_sandbox.py", "test_lessons.py", "test_readme.py"]
-# Files that read what the costliest make: last, so that they seldom wait for it.
-LAST = ["test_cluster.py", "test_integrity.py", "test_alternatives.py"]
+# Files that read what the costliest make: last, so that they seldom wait for it; and test_profiling, whose simulated
+# workloads are read from a host's timeline that a fully loaded start of the session stretches (a sync-bound step
+# read as input-bound once, at a load average of 5 on 2 cores).
+LAST = ["test_profiling.py", "test_cluster.py", "test_integrity.py", "test_alternatives.py"]
 SPREAD = {"test_mutations.py"}  # no module fixtures: its tests spread over the workers one by one
 
 
