@@ -64,12 +64,13 @@ def workload(kind: str, device: torch.device | str, *, gpu_speed: float = 1.0) -
         raise ValueError(f"gpu_speed={gpu_speed!r} must be positive")
     device = torch.device(device)
     # Margins for a loaded machine, whose host oversleeps and stalls. sync-bound: the GPU is busy (and the host waits)
-    # 9 / (3 + 9) = 75% of a step at speed 1, under compute-bound's 80%, and 3 / (3 + 3) = 50% at speed 3, so it
-    # stays over sync-bound's 25% until the host's share triples (with 6 ms of GPU work a busy run read 24%).
+    # 11 / (3 + 11) = 79% of a step at speed 1, under compute-bound's 80%, and 3.7 / (3 + 3.7) = 55% at speed 3, so
+    # it stays over sync-bound's 25% until the host's share is 3.7 times longer (with 6 ms of GPU work a busy run read
+    # 24%; with 9 ms, full test sessions at a load average of 5 on 2 cores stretched the host 3-4 times and read 22%).
     # compute-bound: 120 / 3 ms of kernels a step at speed 3 leave room for the host's first step and stalls (with
     # 25 ms, 3 busy loops on 2 cores read 73-79% busy over 4 steps; with 40 ms, a test session with 4 workers on
     # 2 cores read 74%)
-    host_ms, gpu_ms, kernels = {"input-bound": (12.0, 2.0, 1), "sync-bound": (3.0, 9.0, 1),
+    host_ms, gpu_ms, kernels = {"input-bound": (12.0, 2.0, 1), "sync-bound": (3.0, 11.0, 1),
                                 "launch-bound": (0.0, 0.0003, 150), "compute-bound": (0.5, 120.0, 1)}[kind]
     batch = torch.randn(64, 32)
     state: dict[str, Any] = {}
