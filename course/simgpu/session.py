@@ -167,6 +167,12 @@ class SimGPU(Records):
             return 0.0
         return max(0.0, rt.busy_until - time.perf_counter()) * 1e3
 
+    @property
+    def now_ms(self) -> float:
+        """Now, on the clock of the records (Work.t_ms and gpu_start_ms, Sync.t_ms); NaN outside the session."""
+        rt = self._runtime
+        return rt.ms() if rt is not None else float("nan")
+
     def _records(self) -> tuple:
         out: list = []
         for first, end in self._spans:
