@@ -66,7 +66,8 @@ test-quick: install sandbox lint
 # The course as learners and instructors install it (tests/test_install.py, also a part of `make test`), alone: the
 # learner edition installed by its Colab cell into a fresh environment with another torch release (COURSE_OTHER_TORCH:
 # a wheel or a folder of them, default /opt/wheels; without one, the project's torch, and the run says why), every
-# exercise and solution run there; the instructor's wheel installed and grading one student. The environment is built
+# solution and two exercises run there (COURSE_INSTALL_EXERCISES=all: every exercise); the instructor's wheel
+# installed and grading one student. The environment is built
 # once into .test-venvs/ (git-ignored) while its inputs stay the same.
 test-install: install
 	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_install.py $(INSTALL_ARGS)

@@ -7,11 +7,14 @@
   Without one, the environment borrows the project's torch (tests.wheels.see_project_packages), the run prints why,
   and only the test of the other release is skipped. No torchvision: no notebook needs it (course.data imports it
   for Fashion-MNIST only, and the notebooks fall back to digits here).
-- In kernels of that environment, outside the source tree: every published exercise in learner mode (no
-  NBGRADER_EXECUTION), judged as tests/test_runall.py judges a Run All (each test cell shows its one ✗ line, no cell
-  raises), and every solution notebook top to bottom as the autograder runs it (NBGRADER_EXECUTION=autograde, so a
-  failed check raises): no cell may raise. A probe cell at the end of each notebook shows that its kernel imported
-  the installed course and the expected torch.
+- In kernels of that environment, outside the source tree: every solution notebook top to bottom as the autograder
+  runs it (NBGRADER_EXECUTION=autograde, so a failed check raises): no cell may raise; and the published exercises of
+  EXERCISES in learner mode (no NBGRADER_EXECUTION), judged as tests/test_runall.py judges a Run All (each test cell
+  shows its one ✗ line, no cell raises). The solutions run every lesson and visible check on this torch; the other
+  exercises run in learner mode on the project's torch (tests/test_runall.py, tests/test_browser.py), so two here
+  prove the published edition's stubs and failing checks on this torch at half the cost of all nine.
+  COURSE_INSTALL_EXERCISES=all (or a list of names) runs more. A probe cell at the end of each notebook shows that
+  its kernel imported the installed course and the expected torch.
 - In that environment, 30 DDP jobs through `course.distributed.Ranks` that destroy their process group before their
   DDP model goes (a torch 2.13.0 deadlock froze about one such job in four before the workers kept the groups).
 - The instructor's wheel installed into an environment of its own (its dependencies borrowed from the project's
@@ -58,6 +61,9 @@ COSTLIEST = ("06-compile", "03-throughput")     # started first, two kernels at 
 # kernel the 60-90 s rank timeouts of 08's checks ran out (it passed alone, with the same torch).
 ALONE = ("08-distributed",)
 NAMES = sorted({p.parent.name for p in SOLUTIONS.glob("*/*.ipynb")})
+# The published exercises run here (the first two, cheap ones, unless COURSE_INSTALL_EXERCISES says "all" or names).
+_CHOSEN = os.environ.get("COURSE_INSTALL_EXERCISES", "01-device 02-transfer").split()
+EXERCISES = NAMES if _CHOSEN == ["all"] else [name for name in NAMES if name in _CHOSEN]
 PROBE = """import json as __j, resource as __r, sys as __s, course as __c, torch as __t
 __cpu = sum(u.ru_utime + u.ru_stime for u in map(__r.getrusage, (__r.RUSAGE_SELF, __r.RUSAGE_CHILDREN)))
 print("PROBE" + __j.dumps({"python": __s.executable, "course": __c.__file__, "torch": __t.__version__,
@@ -279,8 +285,8 @@ def solved_run_problems(nb: nbformat.NotebookNode) -> list[str]:
                        for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
-@pytest.mark.parametrize("kind", ["exercise", "solution"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "kind"), [(name, "solution") for name in NAMES] +
+                         [(name, "exercise") for name in EXERCISES])
 def test_every_notebook_runs_in_the_installed_course(runs, learner_env, kind, name):
     nb, probe, _ = runs[(kind, name)]
     if isinstance(nb, BaseException):

@@ -10,7 +10,7 @@
 - The Colab install: the first cell of a published notebook, run as Colab runs it, installs the course from a
   `git+file://` clone of the edition with `--no-deps` into a fresh folder: `import course` (and its subpackage
   course.simgpu) then works against the torch already installed, torch is not installed again, and no `grader`
-  package arrives. tests/test_install.py runs every notebook against such an install; tests/test_wheels.py checks
+  package arrives. tests/test_install.py runs the notebooks against such an install; tests/test_wheels.py checks
   that the wheels hold every file of the tree.
 """
 from __future__ import annotations
