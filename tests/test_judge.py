@@ -236,6 +236,42 @@ def test_every_hidden_test_is_a_probe_and_a_judge():
                 assert "__judge_" not in kernel, f"{where}: a judge outside its judge region"
 
 
+def _docstring(path, function: str) -> str:
+    """The docstring of the graded function (or class) `function` in the notebook at `path`."""
+    for cell in read(path).cells:
+        if cell.cell_type == "code" and grade_id(cell) == function:
+            tree = ast.parse(cell.source.replace("%", "#"))
+            return next((ast.get_docstring(n) or "" for n in tree.body if getattr(n, "name", "") == function), "")
+    return ""
+
+
+def test_a_warning_never_decides_a_hidden_test_unless_the_docstring_promises_none():
+    """#34: a judge that reads its probe's warnings notes each one (checks.note_warnings); a judge may let a warning
+    decide only where the graded function's docstring speaks of warnings: one it rules out (04: the deprecated
+    torch.cuda.amp) or one it asks for (06: safe_compile warns why compiling failed)."""
+    promised, read_by = [], []
+    for assignment in assignments():
+        for path in sorted((SOLUTIONS / assignment).glob("*.ipynb")):
+            for cell in read(path).cells:
+                _, judges = judge.split(cell.source)
+                for name in judges.names:
+                    body = judges.source.split(f"def __judge_{name}(", 1)[1].split("\ndef __judge_", 1)[0]
+                    if '["warnings"]' not in body:
+                        continue
+                    read_by.append(name)
+                    if "note_warnings(" in body:
+                        continue
+                    function = name      # a judge of a second test cell is named <function>_<what it tests>
+                    while not (doc := _docstring(path, function)) and "_" in function:
+                        function = function.rsplit("_", 1)[0]
+                    assert "warning" in doc, (f"{assignment}: the judge {name} lets a warning decide, but "
+                                                 f"{function}'s docstring promises nothing about warnings: {doc!r}")
+                    promised.append(name)
+    assert {"time_breakdown", "diagnose", "step_mfu", "profile_steps", "CheckpointedMLP"} <= set(read_by), read_by
+    assert set(promised) <= {"make_scaler", "amp_train_step", "amp_train_step_scaler", "safe_compile", "fit_compile"}, \
+        promised
+
+
 def _raw_display(name: str, text: str):
     return new_output("display_data", data={observe.MIME: {"name": name, "observations": text}, "text/plain": ""})
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
+from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, noting_warnings_in, passed
 from course.checks._profiling_traces import GPU_TRACE, GPU_TRACE_FIGURES, breakdown_of, percent_shown
 from course.ledger import Ledger, entry_point
 from course.simgpu import gpu_session, gpu_work
@@ -72,6 +72,7 @@ def recorded_events() -> Iterator[Ledger]:
         torch.autograd.profiler._disable_profiler = real
 
 
+@noting_warnings_in("profile_steps")
 def check_profile_steps(profile_steps: Any) -> None:
     """profile_steps: wait + warmup + steps steps, each region labelled, only the active steps in the trace."""
     __tracebackhide__ = True
@@ -106,6 +107,7 @@ def check_profile_steps(profile_steps: Any) -> None:
     passed("profile_steps records only the active steps, each region labelled, and writes the trace")
 
 
+@noting_warnings_in("time_breakdown")
 def check_time_breakdown(time_breakdown: Any) -> None:
     """time_breakdown: a hand-made GPU trace, the same from a file, a real CPU trace and a simulated GPU's trace."""
     __tracebackhide__ = True
@@ -184,6 +186,7 @@ def _mlp(sizes: tuple[int, int, int]) -> nn.Module:
     return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c))
 
 
+@noting_warnings_in("step_mfu")
 def check_step_mfu(step_mfu: Any) -> None:
     """step_mfu: the FLOPs of forward + backward counted by hand for an MLP, and the MFU from them."""
     __tracebackhide__ = True
@@ -233,6 +236,7 @@ _CASES = [  # (gpu share, sync share, kernels, mean kernel µs, verdict): on eac
 ]
 
 
+@noting_warnings_in("diagnose")
 def check_diagnose(diagnose: Any) -> None:
     """diagnose: the lesson's rules in their order, on breakdowns on each side of each threshold."""
     __tracebackhide__ = True

@@ -68,6 +68,11 @@ PROFILE = [
         ("    activities = [a for a in (ProfilerActivity.CPU, ProfilerActivity.CUDA) if a in supported_activities()]\n",
          "    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n")),
             "PyTorch's recipe: CUDA when torch.cuda.is_available() (the same on a CPU and on a real GPU)"),
+    Variant("profile_steps", "cuda_always_requested", False, _profile(
+        ("    activities = [a for a in (ProfilerActivity.CPU, ProfilerActivity.CUDA) if a in supported_activities()]\n",
+         "    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]\n")),
+            "asks for CUDA everywhere: where torch cannot record it, torch warns and records the CPU alone, as the "
+            "contract asks; the warning is a note, not a mistake (#34)"),
     Variant("profile_steps", "autograd_record_function_decorator", False, _profile(
         (_LABEL, "                torch.autograd.profiler.record_function(name)(fn)()\n")),
             "record_function used as a decorator (the same class as torch.profiler.record_function)"),
@@ -137,6 +142,9 @@ BREAKDOWN = [
         ("        trace = json.loads(Path(trace).read_text())\n",
          "        with open(trace) as f:\n            trace = json.load(f)\n")),
             "reads the file with open() and json.load"),
+    Variant("time_breakdown", "file_left_open", False, _breakdown(
+        ("        trace = json.loads(Path(trace).read_text())\n", "        trace = json.load(open(trace))\n")),
+            "leaves the file for the garbage collector to close: a ResourceWarning, not a mistake (#34)"),
 ]
 
 _RULES = '''    if busy >= 0.8:
@@ -194,6 +202,11 @@ DIAGNOSE = [
     verdict = next(name for name, holds in rules if holds)
     return verdict, f"busy = {round(100 * busy)} % over {b['wall_ms']:.0f} ms -> {verdict}"
 ''', "the rules as a table, the first that holds wins; the share written as '35 %'"),
+    Variant("diagnose", "warns_of_an_idle_gpu", False, _diagnose(("    return verdict, ", '''    if busy < 0.5:
+        import warnings
+        warnings.warn(f"the GPU idled {1 - busy:.0%} of the time")
+    return verdict, ''')),
+            "also warns when the GPU idles most of the time: a warning is not a mistake (#34)"),
 ]
 
 _COUNT = "        loss_fn(model(inputs), targets).backward()\n"
@@ -235,6 +248,10 @@ MFU = [
         ("    flops = int(counter.get_total_flops())\n",
          '    flops = int(sum(counter.get_flop_counts()["Global"].values()))\n')),
             "adds up the per-operator counts"),
+    Variant("step_mfu", "counter_given_the_model", False, _mfu(
+        ("FlopCounterMode(display=False)", "FlopCounterMode(model, display=False)")),
+            "passes the model to FlopCounterMode: torch warns that the argument is no longer needed, a "
+            "deprecation, not a mistake (#34)"),
 ]
 
 VARIANTS = PROFILE + BREAKDOWN + DIAGNOSE + MFU
