@@ -19,7 +19,7 @@ from course.simgpu import gpu_work
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["KINDS", "PEAKS", "quiet_profiler_logs", "workload", "roofline_plot", "timeline_plot"]
+__all__ = ["KINDS", "PEAKS", "peak_key", "quiet_profiler_logs", "workload", "roofline_plot", "timeline_plot"]
 
 KINDS = ("input-bound", "sync-bound", "launch-bound", "compute-bound")
 
@@ -34,7 +34,25 @@ PEAKS: dict[str, tuple[float, float, str]] = {
     "H100 SXM (bf16)": (989.4, 3350.0, "NVIDIA H100 datasheet: 1,979 TFLOPS 'shown with sparsity, 1/2 lower "
                                        "without' (copied at archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html; "
                                        "989.4 dense at glennklockwood.com/garden/processors/h100)"),
+    "H100 PCIe (bf16)": (756.5, 2000.0, "NVIDIA H100 datasheet, PCIe column: 1,513 TFLOPS 'shown with sparsity, 1/2 "
+                                        "lower without', 2,000 GB/s (copied at archive-lib.hpctech.co.jp/gpuproduct/"
+                                        "nvidia-h100.html)"),
+    "H200 SXM (bf16)": (989.4, 4800.0, "NVIDIA H200 datasheet: 4.8 TB/s; the same GH100 Tensor Cores as the H100 "
+                                       "SXM, 1,979 TFLOPS with sparsity (glennklockwood.com/garden/processors/h100)"),
 }
+# The names torch.cuda.get_device_name() gives these GPUs, by the part of the name that tells them apart. The NVL
+# cards (H100 NVL, H200 NVL) and the A100 PCIe have other figures, not checked here: peak_key says None for them.
+_NAMED = (("H200", "H200 SXM (bf16)"), ("H100 PCIE", "H100 PCIe (bf16)"), ("H100", "H100 SXM (bf16)"),
+          ("A100-SXM", "A100 SXM (bf16)"))
+
+
+def peak_key(device_name: str) -> str | None:
+    """The PEAKS entry of the GPU that torch.cuda.get_device_name() calls `device_name` ("NVIDIA H100 80GB HBM3" is an
+    H100 SXM, "NVIDIA H100 PCIe" is not), or None where this module has no checked figure for that exact product."""
+    name = device_name.upper()
+    if "NVL" in name:
+        return None
+    return next((key for part, key in _NAMED if part in name), None)
 
 
 def quiet_profiler_logs() -> None:

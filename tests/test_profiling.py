@@ -64,6 +64,19 @@ def test_no_figure_or_peak_is_stated_without_a_source():
         assert unverified not in text
 
 
+@pytest.mark.parametrize(("name", "key"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM (bf16)"), ("NVIDIA H100 PCIe", "H100 PCIe (bf16)"), ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200", "H200 SXM (bf16)"), ("NVIDIA H200 NVL", None), ("NVIDIA A100-SXM4-80GB", "A100 SXM (bf16)"),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM (bf16)"), ("NVIDIA A100 80GB PCIe", None), ("Tesla T4", None),
+    ("NVIDIA L4", None)])
+def test_a_peak_belongs_to_the_exact_product_its_device_name_says(name, key):
+    """#35: the MFU cell takes the peak of the full device name: an H100 PCIe card is not the SXM one (756.5 against
+    989.4), and a card whose figure is not checked here gets none."""
+    assert profiling.peak_key(name) == key
+    if key:
+        assert key in profiling.PEAKS
+
+
 # ---------------------------------------------------------------- the simulated GPU's trace
 def _timed(trace: dict) -> list[dict]:
     return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "Trace"]
@@ -135,9 +148,25 @@ def test_one_function_reads_a_real_cpu_trace_and_a_simulated_trace(solution, tmp
     with simulated_cuda("L4", replace_real=True) as sim:
         solution["profile_steps"]({"work": lambda: gpu_work(3.0)}, tmp_path / "sim-cpu.json", steps=2)
         torch.cuda.synchronize()
-        simulated = breakdown(sim.chrome_trace())
-    assert simulated["kernels"] == 4 and simulated["gpu_ms"] == pytest.approx(12.0, rel=1e-4)
+        trace = sim.chrome_trace()
+        simulated = breakdown(trace)
+    # the default schedule waits 1 step and warms up 1: like torch.profiler's, the trace holds the 2 recorded steps
+    steps = sorted(e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"], steps
+    assert simulated["kernels"] == 2 and simulated["gpu_ms"] == pytest.approx(6.0, rel=1e-4)
     assert {"work"} <= set(simulated["regions"]) and "ProfilerStep#2" not in simulated["regions"]
+    assert simulated["regions"]["work"] > 0  # the host launches the work and goes on: a short range
+
+
+def test_without_a_profiler_the_simulated_trace_holds_the_whole_session():
+    with simulated_cuda("T4", replace_real=True) as sim:
+        for _ in range(3):
+            with torch.profiler.record_function("step"):
+                gpu_work(1.0)
+        torch.cuda.synchronize()
+        trace = sim.chrome_trace()
+    assert len([e for e in trace["traceEvents"] if e.get("cat") == "kernel"]) == 3
+    assert len([e for e in trace["traceEvents"] if e.get("name") == "step"]) == 3
 
 
 @pytest.mark.parametrize("preset, speed", [("T4", 1.0), ("A100", 2.0), ("H100", 3.0)])

@@ -7,12 +7,17 @@ same categories, names and layout as a real CUDA trace, so that code which reads
 - `traceEvents`: complete events (`"ph": "X"`, `ts` and `dur` in microseconds) and metadata (`"ph": "M"`), plus
   flow events (`"ph": "s"` / `"f"`, category `ac2g`) from each launch to its kernel, and the profiler's own span
   (category `Trace`), as kineto writes them;
+- only what torch.profiler's own trace would hold: when a torch.profiler recorded during the session, the ranges
+  opened in its recorded (active) steps and the calls made from the first to the last of them (the wait and
+  warm-up steps of its schedule are left out, as torch.profiler leaves them out); else everything since the
+  session began or `sim.clear()`;
 - on the host (pid: this process, tid: the thread): `user_annotation` events for every `record_function` range
   (including the `ProfilerStep#N` ranges that `prof.step()` opens), and `cuda_runtime` events: `cudaLaunchKernel`
   for each piece of declared GPU work, `cudaMemcpyAsync` for copies, `cudaDeviceSynchronize`,
   `cudaStreamSynchronize` or `cudaEventSynchronize` for the time the host waited for the GPU (an implicit sync
-  such as `.item()` shows as `cudaStreamSynchronize`; on a real GPU most of its wait is often in the
-  `cudaMemcpyAsync` of the copy to pageable host memory instead);
+  such as `.item()` shows as `cudaStreamSynchronize`, as on a real GPU, where `.item()` copies into a small pinned
+  buffer and then synchronises the stream: `at::cuda::memcpy_and_sync`; a `.cpu()` into pageable memory waits
+  inside its `cudaMemcpyAsync` there);
 - on the GPU (pid 0, tid 7: device 0, the default stream, as kineto numbers them): `kernel` events for each
   `gpu_work` (its label is the kernel's name) and `gpu_memcpy` events for copies, named like CUDA's
   ("Memcpy HtoD (Pinned -> Device)").
@@ -57,6 +62,7 @@ class Region:
     name: str
     start_ms: float
     tid: int
+    profiled: bool = False  # opened while torch.profiler recorded (an active step of its schedule)
 
 
 def install(rt: Runtime, p: Patches) -> None:
@@ -66,7 +72,8 @@ def install(rt: Runtime, p: Patches) -> None:
 
     def enter(rf: Any) -> Any:
         out = orig_enter(rf)
-        rf.__dict__.setdefault("_simgpu_starts", []).append((rt.ms(), threading.get_native_id()))
+        rf.__dict__.setdefault("_simgpu_starts", []).append((rt.ms(), threading.get_native_id(),
+                                                             bool(torch.autograd._profiler_enabled())))
         return out
 
     def exit_(rf: Any, *exc: Any) -> Any:
@@ -75,11 +82,22 @@ def install(rt: Runtime, p: Patches) -> None:
         finally:
             starts = rf.__dict__.get("_simgpu_starts")
             if starts:
-                start, tid = starts.pop()
-                rt.record(Region(t_ms=rt.ms(), name=str(rf.name), start_ms=start, tid=tid))
+                start, tid, profiled = starts.pop()
+                rt.record(Region(t_ms=rt.ms(), name=str(rf.name), start_ms=start, tid=tid, profiled=profiled))
 
     p.set(cls, "__enter__", enter)
     p.set(cls, "__exit__", exit_)
+
+
+def _began(rec: Any) -> float:
+    """When a record's host-side call began (ms since the session began): a range's start, a launch, a wait's start."""
+    if isinstance(rec, Region):
+        return rec.start_ms
+    if isinstance(rec, records.Work):
+        return rec.t_ms - rec.launch_ms
+    if isinstance(rec, records.Sync):
+        return rec.t_ms - rec.waited_ms
+    return rec.t_ms
 
 
 def _us(ms: float) -> float:
@@ -102,6 +120,9 @@ def chrome_trace(sim: SimGPU, path: str | os.PathLike | None = None) -> dict:
     offset_us = 1e6 * 3600  # ts never start at zero in a real trace either
     events: list[dict] = []
     correlation = 0
+    # torch.profiler's trace holds only its recorded steps; so does this one when a profiler recorded in the session
+    recorded = [r for r in sim.log if isinstance(r, Region) and r.profiled]
+    lo, hi = (min(r.start_ms for r in recorded), max(r.t_ms for r in recorded)) if recorded else (-math.inf, math.inf)
 
     def x(cat: str, name: str, start_ms: float, dur_ms: float, *, gpu: bool = False, tid: int | None = None,
           **args: Any) -> None:
@@ -111,6 +132,8 @@ def chrome_trace(sim: SimGPU, path: str | os.PathLike | None = None) -> dict:
                        "args": {**args, **({"device": 0, "stream": STREAM} if gpu else {}), "simulated": True}})
 
     for rec in sim.log:
+        if not lo <= _began(rec) <= hi or (recorded and isinstance(rec, Region) and not rec.profiled):
+            continue
         if isinstance(rec, Region):
             x("user_annotation", rec.name, rec.start_ms, rec.t_ms - rec.start_ms, tid=rec.tid)
         elif isinstance(rec, records.Work) and not math.isnan(rec.gpu_start_ms):
