@@ -23,7 +23,7 @@ GPU_CHECK_OUT ?= reference
 # Jupyter refuses to run as root unless told to (containers, cloud machines).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-quick test-install test-gpu gpu-check install sandbox browser lint release check grade bench clean
+.PHONY: lab test test-quick test-install test-gpu gpu-check install sandbox browser lint release check grade bench mutants clean
 
 install: $(STAMP)
 
@@ -71,6 +71,12 @@ test-quick: install sandbox lint
 # once into .test-venvs/ (git-ignored) while its inputs stay the same.
 test-install: install
 	$(PY) -m pytest -n 0 -rs --durations=5 tests/test_install.py $(INSTALL_ARGS)
+
+# Machine-made mutants of every solution (tests/mutants.py, #34): the kill rate of the hidden tests and of the visible
+# checks per module, and every survivor. Minutes per module; MUTANTS="profiling --limit 10" narrows it.
+MUTANTS ?=
+mutants: install
+	$(PY) -m tests.mutants $(MUTANTS)
 
 # The linter runs first: style findings fail `make test` before the slow part starts (config in pyproject.toml).
 lint: install

@@ -22,6 +22,7 @@ import pytest
 
 from grader import nbtools
 from tests.harness import blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
+from tests.mutants import all_mutants
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
 RESULTS = "mutation-results"  # the user property: [(topic, "function/variant", wrong, caught, caught visibly)]
@@ -91,3 +92,21 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, function: str, rec
                         f"a self-study learner has only them); they miss {', '.join(missed)}")
     assert judged, f"{catalogue.name} has no variant of {function}"
     assert not problems, f"{catalogue.name}, {function}: " + " | ".join(problems)
+
+
+def test_machine_made_mutants_change_only_the_answer_and_cover_every_function():
+    """tests/mutants.py (#34): every operator makes mutants somewhere, every graded function gets some, and each mutant
+    is valid Python that differs from its solution cell inside the solution region only (`make mutants` runs them)."""
+    mutants = all_mutants()
+    operators = {"call_removed", "keyword_dropped", "condition_negated", "comparison_shifted", "arithmetic_swapped",
+                 "constant_changed", "arguments_swapped", "default_used", "is_built"}
+    assert {m.operator for m in mutants} == operators
+    for catalogue in CATALOGUES:
+        nb = nbtools.read(_notebook(catalogue.stem))
+        cells = {nbtools.grade_id(c): c.source for c in nb.cells if c.cell_type == "code"}
+        for function in graded_functions(nb):
+            own = [m for m in mutants if m.topic == catalogue.stem and m.function == function]
+            assert own, f"no mutant of {catalogue.stem}/{function}"
+            head, tail = cells[function].split("### BEGIN SOLUTION")[0], cells[function].split("### END SOLUTION")[1]
+            for m in own:
+                assert m.source != cells[function] and m.source.startswith(head) and m.source.endswith(tail), m.label

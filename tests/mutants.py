@@ -1,0 +1,229 @@
+"""Machine-made mutants of every solution cell, and how many of them the tests kill (#34).
+
+The hand-written catalogue (tests/mutations/) holds the mistakes its authors thought of. The mutants here are made
+by operators that mirror learners' mistakes, applied one at a time to the solution region of each graded function:
+
+- call_removed: a statement that is only a call goes (`torch.cuda.synchronize()`, `model.eval()`,
+  `optimizer.zero_grad()`, `sampler.set_epoch(epoch)`, `prof.step()`);
+- keyword_dropped: one keyword argument of a call goes (`non_blocking=True`, `set_to_none=True`, `repeat=1`);
+- condition_negated: an `if`, `while` or conditional expression tests the opposite;
+- comparison_shifted: `<` and `<=`, `>` and `>=`, `==` and `!=`, `is` and `is not`, `in` and `not in` swap;
+- arithmetic_swapped: `+` and `-`, `*` and `/`, `//` and `/` swap;
+- constant_changed: a number changes (0 and 1 swap, others double), `True` and `False` swap;
+- arguments_swapped: the first two positional arguments of a call swap;
+- default_used: a parameter is ignored, its default used in its place;
+- is_built: `is_available` becomes `is_built`, and the reverse.
+
+Each mutant runs in-process through the notebook's own test cells (tests/harness.py), twice: against the hidden
+tests' judges alone and against the visible checks alone, as tests/test_mutations.py runs the catalogue. A mutant
+that neither kills is a survivor: either a gap in the tests, or an equivalent mutant (the same behaviour, written
+otherwise), which EQUIVALENT names with its reason.
+
+    .venv/bin/python -m tests.mutants [TOPIC ...] [--limit N] [--timeout S]
+
+prints the kill rate per module (hidden tests, visible checks) and every survivor; `make mutants` runs it for every
+module (minutes per module: not a part of `make test`, which checks only that the operators make valid mutants).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader import nbtools
+from tests.harness import blind_notebook, graded_functions, run_function_tests, visible_notebook
+
+_REGION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+_COMPARE_SWAP = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
+                 ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
+_ARITH_SWAP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*", ast.FloorDiv: "/"}
+# (function, operator, the mutated text): why the mutant behaves as the solution does. Filled from the survivors of
+# `python -m tests.mutants`, each checked by reading it.
+EQUIVALENT: dict[tuple[str, str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    topic: str
+    function: str
+    operator: str
+    line: int          # in the cell
+    before: str        # the text replaced
+    after: str
+    source: str        # the whole mutated cell
+
+    @property
+    def label(self) -> str:
+        return f"{self.function}:{self.line} {self.operator}: {self.before!r} -> {self.after!r}"
+
+
+def _offsets(source: str) -> list[int]:
+    starts, total = [], 0
+    for line in source.splitlines(keepends=True):
+        starts.append(total)
+        total += len(line)
+    return starts + [total]
+
+
+def _edits(tree: ast.AST, source: str) -> Iterator[tuple[str, ast.AST, str]]:
+    """(operator, node, replacement text for the node's source segment) for every mutation of the tree."""
+    params = {}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        args = fn.args.posonlyargs + fn.args.args
+        for arg, default in zip(args[len(args) - len(fn.args.defaults):], fn.args.defaults, strict=True):
+            params[arg.arg] = ast.get_source_segment(source, default)
+        for arg, default in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True):
+            if default is not None:
+                params[arg.arg] = ast.get_source_segment(source, default)
+    for node in ast.walk(tree):
+        text = ast.get_source_segment(source, node)
+        if text is None:
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            yield "call_removed", node, "pass"
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg is not None:
+                    rest = [k for k in node.keywords if k is not keyword]
+                    yield "keyword_dropped", node, _call(source, node, node.args, rest)
+            if len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
+                yield "arguments_swapped", node, _call(source, node, [node.args[1], node.args[0], *node.args[2:]],
+                                                       node.keywords)
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            test = ast.get_source_segment(source, node.test)
+            yield "condition_negated", node.test, f"not ({test})"
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE_SWAP:
+            left, right = (ast.get_source_segment(source, n) for n in (node.left, node.comparators[0]))
+            yield "comparison_shifted", node, f"{left} {_COMPARE_SWAP[type(node.ops[0])]} {right}"
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_SWAP:
+            left, right = (ast.get_source_segment(source, n) for n in (node.left, node.right))
+            yield "arithmetic_swapped", node, f"({left}) {_ARITH_SWAP[type(node.op)]} ({right})"
+        if isinstance(node, ast.Constant) and type(node.value) in (bool, int, float):
+            value = node.value
+            changed = (not value) if isinstance(value, bool) else (1 - value if value in (0, 1) else value * 2)
+            yield "constant_changed", node, repr(changed)
+        if isinstance(node, ast.Attribute) and node.attr in ("is_available", "is_built"):
+            other = "is_built" if node.attr == "is_available" else "is_available"
+            yield "is_built", node, f"{ast.get_source_segment(source, node.value)}.{other}"
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and params.get(node.id) is not None:
+            yield "default_used", node, f"({params[node.id]})"
+
+
+def _call(source: str, node: ast.Call, args: list, keywords: list) -> str:
+    parts = [ast.get_source_segment(source, a) for a in args]
+    parts += [f"{k.arg}={ast.get_source_segment(source, k.value)}" for k in keywords]
+    return f"{ast.get_source_segment(source, node.func)}({', '.join(parts)})"
+
+
+def mutants_of(topic: str, function: str, cell: str) -> list[Mutant]:
+    """Every mutant of the solution region of `cell` (the solution cell of `function`), each parsing as Python."""
+    region = _REGION.search(cell)
+    if region is None:
+        return []
+    tree = ast.parse(cell)
+    lines, starts = cell.splitlines(keepends=True), _offsets(cell)
+
+    def at(line: int, column: int) -> int:      # ast counts columns in UTF-8 bytes
+        return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
+
+    lo, hi = region.start(1), region.end(1)
+    found, seen = [], set()
+    for operator, node, after in _edits(tree, cell):
+        begin, end = at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
+        if not (lo <= begin and end <= hi):
+            continue
+        before = cell[begin:end]
+        source = cell[:begin] + after + cell[end:]
+        if source in seen or before == after:
+            continue
+        try:
+            ast.parse(source)
+        except SyntaxError:
+            continue
+        seen.add(source)
+        found.append(Mutant(topic, function, operator, node.lineno, before, after, source))
+    return found
+
+
+def all_mutants(topics: list[str] | None = None) -> list[Mutant]:
+    out = []
+    for notebook in sorted(nbtools.SOLUTIONS.glob("*/*.ipynb")):
+        if topics and notebook.stem not in topics:
+            continue
+        nb = nbtools.read(notebook)
+        for function in graded_functions(nb):
+            cell = next(c.source for c in nb.cells if c.cell_type == "code" and nbtools.grade_id(c) == function)
+            out += mutants_of(notebook.stem, function, cell)
+    return out
+
+
+class _Late(Exception):
+    pass
+
+
+def _fails(notebook: Path, mutant: Mutant, nb, timeout: float) -> bool:
+    """Whether a test cell fails for the mutant (a run past `timeout` s counts as failed: grading has a limit too)."""
+    def late(*_):
+        raise _Late
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        results = run_function_tests(notebook, mutant.function, mutant.source, nb=nb, until_failed=True)
+        return not results or not all(r.passed for r in results)
+    except _Late:
+        return True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__.split("\n\n")[0])
+    parser.add_argument("topics", nargs="*", help="notebook names (device, profiling, ...); default: every one")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many mutants per function (0: all)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per mutant and half")
+    args = parser.parse_args(argv)
+    totals: dict[str, list[int]] = {}
+    survivors: list[str] = []
+    start = time.perf_counter()
+    for topic in args.topics or sorted(p.stem for p in nbtools.SOLUTIONS.glob("*/*.ipynb")):
+        notebook = next(nbtools.SOLUTIONS.glob(f"*/{topic}.ipynb"))
+        blind, visible = blind_notebook(notebook), visible_notebook(notebook)
+        mutants, counts = all_mutants([topic]), {}
+        for mutant in mutants:
+            if args.limit and counts.setdefault(mutant.function, 0) >= args.limit:
+                continue
+            counts[mutant.function] = counts.get(mutant.function, 0) + 1
+            key = (mutant.function, mutant.operator, mutant.after)
+            row = totals.setdefault(topic, [0, 0, 0, 0])     # mutants, equivalent, killed by hidden, by visible
+            row[0] += 1
+            if key in EQUIVALENT:
+                row[1] += 1
+                continue
+            hidden, seen = _fails(notebook, mutant, blind, args.timeout), _fails(notebook, mutant, visible,
+                                                                                 args.timeout)
+            row[2] += hidden
+            row[3] += seen
+            if not hidden or not seen:
+                survivors.append(f"  {topic} {mutant.label} (survives the {'hidden tests' if not hidden else ''}"
+                                 f"{' and the ' if not hidden and not seen else ''}"
+                                 f"{'visible checks' if not seen else ''})")
+            print(f"[{time.perf_counter() - start:6.0f} s] {topic} {mutant.label[:100]}: hidden "
+                  f"{'killed' if hidden else 'SURVIVED'}, visible {'killed' if seen else 'SURVIVED'}", flush=True)
+    print("\nkill rate of the non-equivalent mutants (hidden tests / visible checks alone):")
+    for topic, (n, equivalent, hidden, seen) in totals.items():
+        live = max(n - equivalent, 1)
+        print(f"  {topic:<12} {n:4d} mutants, {equivalent} equivalent; hidden {hidden / live:6.1%}, "
+              f"visible {seen / live:6.1%}")
+    print("survivors:\n" + ("\n".join(survivors) or "  none"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
