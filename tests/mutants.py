@@ -43,9 +43,43 @@ _REGION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 _COMPARE_SWAP = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
                  ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
 _ARITH_SWAP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*", ast.FloorDiv: "/"}
-# (function, operator, the mutated text): why the mutant behaves as the solution does. Filled from the survivors of
-# `python -m tests.mutants`, each checked by reading it.
-EQUIVALENT: dict[tuple[str, str, str], str] = {}
+# A survivor's label (Mutant.label, without its topic) -> why it behaves as the solution does, checked by reading it.
+# A label names the line: when a solution changes, its old entries stop matching and the mutants show up again.
+_DUR = "a complete event (\"ph\": \"X\") always carries dur (Trace Event Format): the default is never used"
+EQUIVALENT: dict[str, str] = {
+    "profile_steps:10 keyword_dropped: 'profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, "
+    "active=steps, repeat=1),\\n                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))' -> "
+    "'profile(schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1), on_trace_ready=lambda p: "
+    "p.export_chrome_trace(str(trace_path)))'":
+        "without activities torch.profiler records every activity this torch supports, which the contract asks",
+    "time_breakdown:19 comparison_shifted: 'stop > reached' -> 'stop >= reached'":
+        "when stop == reached the interval adds stop - max(start, reached) = 0",
+    "time_breakdown:20 arguments_swapped: 'max(start, reached)' -> 'max(reached, start)'": "max is symmetric",
+    **{f"time_breakdown:{line} constant_changed: '0' -> '1'": _DUR for line in (14, 15, 26, 30, 31, 32)},
+    "step_mfu:10 keyword_dropped: 'model.zero_grad(set_to_none=True)' -> 'model.zero_grad()'":
+        "set_to_none=True is zero_grad's default since torch 2.0 (the course needs 2.4)",
+    **{f"pick_device:29 {change}": "the verb of the message ('is'/'are'): the contract asks that the message names "
+       "the device asked for and lists the available ones" for change in (
+           "condition_negated: 'len(available) == 1' -> 'not (len(available) == 1)'",
+           "comparison_shifted: 'len(available) == 1' -> 'len(available) != 1'", "constant_changed: '1' -> '0'")},
+    **{f"DeviceSafeNet:13 {change}": "the weights are divided by their sum: a constant factor cancels" for change in (
+        "arithmetic_swapped: 'torch.arange(1, x.shape[1] + 1, device=x.device) / x.shape[1]' -> "
+        "'(torch.arange(1, x.shape[1] + 1, device=x.device)) * (x.shape[1])'", "constant_changed: '1' -> '0'")},
+    "make_loader:13 arguments_swapped: 'max(0, min(4, (os.cpu_count() or 1) - 1))' -> "
+    "'max(min(4, (os.cpu_count() or 1) - 1), 0)'": "max is symmetric",
+    "make_loader:13 arguments_swapped: 'min(4, (os.cpu_count() or 1) - 1)' -> 'min((os.cpu_count() or 1) - 1, 4)'":
+        "min is symmetric",
+    "make_loader:13 constant_changed: '1' -> '0'":
+        "os.cpu_count() is None: max(0, min(4, 1 - 1)) and max(0, min(4, 0 - 1)) are both 0",
+    **{f"copy_to_host:8 {change}": "a blocking copy is also safe to read when the function returns; the contract asks "
+       "for safety, not speed" for change in (
+           "keyword_dropped: 'tensor.detach().to(\"cpu\", non_blocking=True)' -> 'tensor.detach().to(\"cpu\")'",
+           "constant_changed: 'True' -> 'False'")},
+    "amp_train_step:13 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
+    "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
+        "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "
+        "supported'), so the step is the same",
+}
 
 
 @dataclass(frozen=True)
@@ -200,7 +234,7 @@ def main(argv: list[str]) -> int:
             if args.limit and counts.setdefault(mutant.function, 0) >= args.limit:
                 continue
             counts[mutant.function] = counts.get(mutant.function, 0) + 1
-            key = (mutant.function, mutant.operator, mutant.after)
+            key = mutant.label
             row = totals.setdefault(topic, [0, 0, 0, 0])     # mutants, equivalent, killed by hidden, by visible
             row[0] += 1
             if key in EQUIVALENT:

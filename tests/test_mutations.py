@@ -22,7 +22,7 @@ import pytest
 
 from grader import nbtools
 from tests.harness import blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
-from tests.mutants import all_mutants
+from tests.mutants import EQUIVALENT, all_mutants
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
 RESULTS = "mutation-results"  # the user property: [(topic, "function/variant", wrong, caught, caught visibly)]
@@ -110,3 +110,5 @@ def test_machine_made_mutants_change_only_the_answer_and_cover_every_function():
             head, tail = cells[function].split("### BEGIN SOLUTION")[0], cells[function].split("### END SOLUTION")[1]
             for m in own:
                 assert m.source != cells[function] and m.source.startswith(head) and m.source.endswith(tail), m.label
+    stale = set(EQUIVALENT) - {m.label for m in mutants}
+    assert not stale, f"tests/mutants.py names as equivalent mutants that no longer exist (read them again): {stale}"

@@ -27,9 +27,15 @@ __all__ = ["Recorder", "check_describe_device", "check_device_safe_net", "check_
 
 @contextlib.contextmanager
 def _machine(name: str) -> Iterator[None]:
-    """This process made to look like a machine with one GPU ("gpu"), a GPU and MPS ("gpu+mps"), a Mac ("mac") or
-    neither ("none"), as torch.cuda, torch.backends.mps and torch.accelerator report it."""
+    """This process made to look like a machine with one GPU ("gpu"), a GPU and MPS ("gpu+mps"), a Mac ("mac"),
+    neither ("none"), or a torch built with MPS where MPS cannot run ("mps built": an older macOS), as torch.cuda,
+    torch.backends.mps and torch.accelerator report it; ", torch 2.5" after the name: a torch without
+    torch.accelerator (2.4 and 2.5, which the course supports)."""
     with ExitStack() as stack:
+        if name.endswith(", torch 2.5"):
+            name = name.removesuffix(", torch 2.5")
+            stack.enter_context(mock.patch.dict(torch.__dict__))     # put back as it was afterwards
+            torch.__dict__.pop("accelerator", None)
         if name.startswith("gpu"):
             stack.enter_context(simulated_cuda("T4", replace_real=True))
         else:
@@ -37,7 +43,7 @@ def _machine(name: str) -> Iterator[None]:
             stack.enter_context(mock.patch.object(torch.cuda, "device_count", return_value=0))
         mps = name in ("gpu+mps", "mac")
         stack.enter_context(mock.patch.object(torch.backends.mps, "is_available", return_value=mps))
-        stack.enter_context(mock.patch.object(torch.backends.mps, "is_built", return_value=mps))
+        stack.enter_context(mock.patch.object(torch.backends.mps, "is_built", return_value=mps or name == "mps built"))
         if hasattr(torch, "accelerator") and not name.startswith("gpu"):
             stack.enter_context(mock.patch.object(torch.accelerator, "is_available", return_value=mps))
             if mps:
@@ -107,6 +113,16 @@ def check_pick_device(pick_device: Callable) -> None:
             _refuses(pick_device, ("cuda",), ("cuda", "mps", "cpu"), where, refuse)
         with _machine("gpu+mps"):
             _returns(pick_device, (), "cuda", "with both CUDA and MPS")
+        with _machine("mps built"):
+            where = "where torch is built with MPS but MPS cannot run (torch.backends.mps.is_built() but not " \
+                    "is_available())"
+            _returns(pick_device, (), cpu, where)
+            _refuses(pick_device, ("mps",), ("mps", "cpu"), where, "MPS is usable when torch.backends.mps."
+                     "is_available(); is_built() only says that this torch was compiled with it")
+        for name, best in (("gpu, torch 2.5", "cuda"), ("mac, torch 2.5", "mps")):
+            with _machine(name):
+                _returns(pick_device, (), best, f"{'with one (simulated) GPU' if best == 'cuda' else 'on a Mac'}, "
+                         "with a torch that has no torch.accelerator (2.4, 2.5)")
     passed("pick_device chooses, honours and refuses devices correctly")
 
 

@@ -80,17 +80,17 @@ def check_profile_steps(profile_steps: Any) -> None:
     regions = {"load": lambda: calls.append("load"), "compute": lambda: (calls.append("compute"), _sleep_ms(3.0))}
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "check-trace.json"
-        prof = profile_steps(regions, str(path), steps=2, wait=1, warmup=2)
+        prof = profile_steps(regions, str(path), steps=2, wait=2, warmup=1)
         expect_type(prof, torch.profiler.profile, "profile_steps's result",
                     "return the torch.profiler.profile object you profiled with")
-        expect_equal(calls, ["load", "compute"] * 5, "the regions called for steps=2, wait=1, warmup=2",
+        expect_equal(calls, ["load", "compute"] * 5, "the regions called for steps=2, wait=2, warmup=1",
                      "run wait + warmup + steps steps, each calling every region in order")
         check(path.is_file(), f"no trace file at trace_path ({path.name}) after profile_steps",
               "export the trace with prof.export_chrome_trace(trace_path), e.g. from on_trace_ready")
         trace = json.loads(path.read_text())
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     steps = sorted(e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
-    expect_equal(steps, ["ProfilerStep#3", "ProfilerStep#4"], "the steps in the trace (wait=1, warmup=2, steps=2)",
+    expect_equal(steps, ["ProfilerStep#3", "ProfilerStep#4"], "the steps in the trace (wait=2, warmup=1, steps=2)",
                  "use schedule(wait=wait, warmup=warmup, active=steps, repeat=1) and call prof.step() after each step")
     for name in regions:
         found = [e for e in events if e.get("name") == name and e.get("cat") == "user_annotation"]

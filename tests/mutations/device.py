@@ -59,6 +59,12 @@ def _smoke(*changes: tuple[str, str]) -> str:
 
 VARIANTS = [
     # ---------------------------------------------------------------- pick_device
+    Variant("pick_device", "mps_when_built", True, _pick(("mps = torch.backends.mps.is_available()",
+                                                          "mps = torch.backends.mps.is_built()")),
+            "takes MPS as usable when this torch was built with it, not when it can run (#34)"),
+    Variant("pick_device", "old_torch_without_cuda", True, _pick(
+        ('    elif torch.cuda.is_available():\n        found = torch.device("cuda")\n    else:\n', "    else:\n")),
+            "without torch.accelerator (torch 2.4, 2.5) looks only for MPS: a GPU goes unused there (#34)"),
     Variant("pick_device", "ignores_preference", True, _pick(("    if prefer is None:\n", "    if True:\n")),
             "the classic one-liner: the preference is ignored and a missing GPU falls back to the CPU silently"),
     Variant("pick_device", "silent_cpu_fallback", True, _pick((_RAISE, '        return torch.device("cpu")')),
