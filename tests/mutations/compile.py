@@ -44,6 +44,12 @@ _STEP = "            scaler.step(optimizer)  #"
 
 VARIANTS = [
     # ---------------------------------------------------------------- compile_report
+    Variant("compile_report", "compile_time_in_ms", True, _report(
+        ("compile_s = time.perf_counter() - first_call", "compile_s = 1000 * (time.perf_counter() - first_call)")),
+            "reports the first call's time in milliseconds under a key that says seconds (#34)"),
+    Variant("compile_report", "per_call_in_microseconds", True, _report(
+        ("return 1000 * Timer(", "return 1e6 * Timer(")),
+            "converts the Timer's seconds with the wrong factor: microseconds under a key that says ms"),
     Variant("compile_report", "times_torch_compile_call", True, _report((_FIRST_CALL, """\
         first_call = time.perf_counter()
         compiled = torch.compile(model)
