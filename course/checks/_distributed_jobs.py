@@ -87,8 +87,7 @@ def save_pair(rank: int, save_on_rank0: Any, path: str, returned: str) -> dict:
 
 # ---- train_ddp --------------------------------------------------------------------------------------------------
 def make_model() -> torch.nn.Module:
-    """The check's model: the same start on every rank, whatever train_ddp seeds."""
-    torch.manual_seed(1234)
+    """The check's model, drawn from torch's global generator: train_ddp's torch.manual_seed(seed) decides its start."""
     return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
 
 
@@ -144,7 +143,9 @@ def shard_orders(size: int, world_size: int, epoch: int, seed: int, shuffle: boo
 def one_process(epochs: int, batch_size: int, lr: float, seed: int,
                 world_size: int = 2) -> tuple[dict[str, torch.Tensor], list[float]]:
     """What data parallelism must equal: one process, plain SGD, each step on the mean of the ranks' batch losses of
-    that step (equal batches on every rank). Returns (parameters, each epoch's mean of the step losses)."""
+    that step (equal batches on every rank), from the start train_ddp's contract gives: torch.manual_seed(seed), then
+    make_model(). Returns (parameters, each epoch's mean of the step losses)."""
+    torch.manual_seed(seed)
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     x, y = training_data().tensors

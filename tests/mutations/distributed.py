@@ -87,6 +87,9 @@ VARIANTS = [
             "never makes cuda:LOCAL_RANK current: every process of a machine works on GPU 0"),
 
     # ---- all_reduce_mean ----------------------------------------------------------------------------------------
+    Variant("all_reduce_mean", "reduces_in_float32", True, _mean(
+        ("torch.tensor(float(value), dtype=torch.float64,", "torch.tensor(float(value), dtype=torch.float32,")),
+            "reduces in float32: large sums (of losses, of counts) lose their last digits (#34)"),
     Variant("all_reduce_mean", "sum_not_mean", True,
             _mean(("return total.item() / dist.get_world_size()", "return total.item()")),
             "returns the sum over the ranks: a loss twice as large on 2 GPUs, 8 times on 8"),
@@ -185,6 +188,9 @@ VARIANTS = [
             "a collective that every rank joins synchronises them as a barrier does: the outcome is the same"),
 
     # ---- train_ddp ----------------------------------------------------------------------------------------------
+    Variant("train_ddp", "unseeded_start", True, _train(("        torch.manual_seed(seed)\n", "")),
+            "builds the model without torch.manual_seed(seed): DDP still gives every rank rank 0's weights, but the "
+            "run no longer starts where the seed says, so it cannot be repeated (#34)"),
     Variant("train_ddp", "forgets_set_epoch", True,
             _train(("            loader.sampler.set_epoch(epoch)  # a new order every epoch, the same permutation on "
                     "every rank\n", "")),
