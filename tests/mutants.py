@@ -197,7 +197,7 @@ def all_mutants(topics: list[str] | None = None) -> list[Mutant]:
     return out
 
 
-class _Late(Exception):
+class _Late(BaseException):  # not an Exception: an answer's `except Exception` must not swallow it
     pass
 
 
@@ -206,7 +206,7 @@ def _fails(notebook: Path, mutant: Mutant, nb, timeout: float) -> bool:
     def late(*_):
         raise _Late
     previous = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    signal.setitimer(signal.ITIMER_REAL, timeout, 1.0)  # and again every second, should something swallow it
     try:
         results = run_function_tests(notebook, mutant.function, mutant.source, nb=nb, until_failed=True)
         return not results or not all(r.passed for r in results)
