@@ -47,35 +47,57 @@ _ARITH_SWAP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*", ast.Floo
 # A label names the line: when a solution changes, its old entries stop matching and the mutants show up again.
 _DUR = "a complete event (\"ph\": \"X\") always carries dur (Trace Event Format): the default is never used"
 EQUIVALENT: dict[str, str] = {
-    "profile_steps:10 keyword_dropped: 'profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, "
+    "profile_steps:10:9 keyword_dropped: 'profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, "
     "active=steps, repeat=1),\\n                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))' -> "
     "'profile(schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1), on_trace_ready=lambda p: "
     "p.export_chrome_trace(str(trace_path)))'":
         "without activities torch.profiler records every activity this torch supports, which the contract asks",
-    "time_breakdown:19 comparison_shifted: 'stop > reached' -> 'stop >= reached'":
+    "time_breakdown:19:11 comparison_shifted: 'stop > reached' -> 'stop >= reached'":
         "when stop == reached the interval adds stop - max(start, reached) = 0",
-    "time_breakdown:20 arguments_swapped: 'max(start, reached)' -> 'max(reached, start)'": "max is symmetric",
-    **{f"time_breakdown:{line} constant_changed: '0' -> '1'": _DUR for line in (14, 15, 26, 30, 31, 32)},
-    "step_mfu:10 keyword_dropped: 'model.zero_grad(set_to_none=True)' -> 'model.zero_grad()'":
+    "time_breakdown:20:27 arguments_swapped: 'max(start, reached)' -> 'max(reached, start)'": "max is symmetric",
+    **{f"time_breakdown:{at} constant_changed: '0' -> '1'": _DUR
+       for at in ("14:37", "15:56", "26:76", "30:42", "31:42", "32:40")},
+    "step_mfu:10:4 keyword_dropped: 'model.zero_grad(set_to_none=True)' -> 'model.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0 (the course needs 2.4)",
-    **{f"pick_device:29 {change}": "the verb of the message ('is'/'are'): the contract asks that the message names "
+    **{f"pick_device:29:{change}": "the verb of the message ('is'/'are'): the contract asks that the message names "
        "the device asked for and lists the available ones" for change in (
-           "condition_negated: 'len(available) == 1' -> 'not (len(available) == 1)'",
-           "comparison_shifted: 'len(available) == 1' -> 'len(available) != 1'", "constant_changed: '1' -> '0'")},
-    **{f"DeviceSafeNet:13 {change}": "the weights are divided by their sum: a constant factor cancels" for change in (
-        "arithmetic_swapped: 'torch.arange(1, x.shape[1] + 1, device=x.device) / x.shape[1]' -> "
-        "'(torch.arange(1, x.shape[1] + 1, device=x.device)) * (x.shape[1])'", "constant_changed: '1' -> '0'")},
-    "make_loader:13 arguments_swapped: 'max(0, min(4, (os.cpu_count() or 1) - 1))' -> "
+           "38 condition_negated: 'len(available) == 1' -> 'not (len(available) == 1)'",
+           "38 comparison_shifted: 'len(available) == 1' -> 'len(available) != 1'", "56 constant_changed: '1' -> '0'")},
+    **{f"DeviceSafeNet:13:{change}": "the weights are divided by their sum: a constant factor cancels" for change in (
+        "16 arithmetic_swapped: 'torch.arange(1, x.shape[1] + 1, device=x.device) / x.shape[1]' -> "
+        "'(torch.arange(1, x.shape[1] + 1, device=x.device)) * (x.shape[1])'", "75 constant_changed: '1' -> '0'")},
+    "make_loader:13:22 arguments_swapped: 'max(0, min(4, (os.cpu_count() or 1) - 1))' -> "
     "'max(min(4, (os.cpu_count() or 1) - 1), 0)'": "max is symmetric",
-    "make_loader:13 arguments_swapped: 'min(4, (os.cpu_count() or 1) - 1)' -> 'min((os.cpu_count() or 1) - 1, 4)'":
+    "make_loader:13:29 arguments_swapped: 'min(4, (os.cpu_count() or 1) - 1)' -> 'min((os.cpu_count() or 1) - 1, 4)'":
         "min is symmetric",
-    "make_loader:13 constant_changed: '1' -> '0'":
+    "make_loader:13:55 constant_changed: '1' -> '0'":
         "os.cpu_count() is None: max(0, min(4, 1 - 1)) and max(0, min(4, 0 - 1)) are both 0",
-    **{f"copy_to_host:8 {change}": "a blocking copy is also safe to read when the function returns; the contract asks "
+    **{f"copy_to_host:8:{change}": "a blocking copy is also safe to read when the function returns; the contract asks "
        "for safety, not speed" for change in (
-           "keyword_dropped: 'tensor.detach().to(\"cpu\", non_blocking=True)' -> 'tensor.detach().to(\"cpu\")'",
-           "constant_changed: 'True' -> 'False'")},
-    "amp_train_step:13 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
+           "15 keyword_dropped: 'tensor.detach().to(\"cpu\", non_blocking=True)' -> 'tensor.detach().to(\"cpu\")'",
+           "54 constant_changed: 'True' -> 'False'")},
+    "all_reduce_mean:15:4 keyword_dropped: 'dist.all_reduce(total, op=dist.ReduceOp.SUM)' -> 'dist.all_reduce(total)'":
+        "SUM is all_reduce's default op",
+    "train_ddp:19:14 keyword_dropped: 'DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)' -> "
+    "'DDP(model)'": "DDP's docs: for a module on one device, device_ids may be None (and must be for a CPU module)",
+    "train_ddp:28:16 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+        "set_to_none=True is zero_grad's default since torch 2.0",
+    "train_ddp:28:48 constant_changed: 'True' -> 'False'": "zeroed gradients instead of None: backward adds to zeros, "
+                                                          "and plain SGD (no momentum, no weight decay) steps the same",
+    **{label: "stacklevel only moves the place the warning names; its category and message are the same" for label in (
+        "safe_compile:11:8 keyword_dropped: 'warnings.warn(f\"torch.compile failed, running the model eagerly: "
+        "{type(error).__name__}: {error}\",\\n                      RuntimeWarning, stacklevel=2)' -> 'warnings.warn("
+        "f\"torch.compile failed, running the model eagerly: {type(error).__name__}: {error}\", RuntimeWarning)'",
+        "safe_compile:12:49 constant_changed: '2' -> '4'")},
+    "compile_report:22:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
+        "torch.utils.benchmark's own synchronisation: no GPU work is queued when the clock starts",
+    "fit:38:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
+        "the compiled code is guarded on the module's mode, so the first training step recompiles (a cost, not a "
+        "wrong result)",
+    "fit:47:8 call_removed: 'finish_gpu_work()' -> 'pass'": "no GPU work is queued when a later epoch's clock "
+        "starts (the previous epoch ended by reading its loss and accuracy: .item() waits); before the first, at most "
+        "the model's copy to the device, a few ms against an epoch",
+    "amp_train_step:13:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
     "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "
         "supported'), so the step is the same",
@@ -88,13 +110,14 @@ class Mutant:
     function: str
     operator: str
     line: int          # in the cell
+    column: int        # in that line (characters)
     before: str        # the text replaced
     after: str
     source: str        # the whole mutated cell
 
     @property
     def label(self) -> str:
-        return f"{self.function}:{self.line} {self.operator}: {self.before!r} -> {self.after!r}"
+        return f"{self.function}:{self.line}:{self.column} {self.operator}: {self.before!r} -> {self.after!r}"
 
 
 def _offsets(source: str) -> list[int]:
@@ -181,7 +204,8 @@ def mutants_of(topic: str, function: str, cell: str) -> list[Mutant]:
         except SyntaxError:
             continue
         seen.add(source)
-        found.append(Mutant(topic, function, operator, node.lineno, before, after, source))
+        found.append(Mutant(topic, function, operator, node.lineno, begin - starts[node.lineno - 1], before, after,
+                            source))
     return found
 
 
@@ -221,7 +245,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__.split("\n\n")[0])
     parser.add_argument("topics", nargs="*", help="notebook names (device, profiling, ...); default: every one")
     parser.add_argument("--limit", type=int, default=0, help="at most this many mutants per function (0: all)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per mutant and half")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant and half")
     args = parser.parse_args(argv)
     totals: dict[str, list[int]] = {}
     survivors: list[str] = []
