@@ -97,6 +97,12 @@ EQUIVALENT: dict[str, str] = {
     "fit:47:8 call_removed: 'finish_gpu_work()' -> 'pass'": "no GPU work is queued when a later epoch's clock "
         "starts (the previous epoch ended by reading its loss and accuracy: .item() waits); before the first, at most "
         "the model's copy to the device, a few ms against an epoch",
+    "time_gpu:15:8 call_removed: 'torch.cuda.synchronize(device)' -> 'pass'": "a CUDA event is stamped when the GPU "
+        "reaches it: the first start event, queued behind the warm-up's work, is stamped after that work anyway",
+    "train_throughput:29:8 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+        "set_to_none=True is zero_grad's default since torch 2.0",
+    **{f"train_throughput:{at} constant_changed: '2' -> '4'": "a batch is an (inputs, targets) pair: [:4] takes the "
+       "same two items as [:2]" for at in ("39:28", "44:39")},
     "amp_train_step:13:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
     "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course.checks import check, expect_type, noting_warnings, passed
+from course.checks import check, expect_raises, expect_type, noting_warnings, passed
 from course.simgpu import CostlyModel, gpu_work, simulated_cuda
 from course.timing import num_threads
 
-__all__ = ["check_measure_throughput", "check_time_gpu", "check_train_throughput", "longest_window_ms"]
+__all__ = ["NoBatches", "check_measure_throughput", "check_time_gpu", "check_train_throughput", "longest_window_ms"]
 
 _CPU = torch.device("cpu")
 _MS = 30.0  # what one call keeps the simulated GPU busy for, in the GPU checks
@@ -78,6 +78,37 @@ def _timed(time_gpu: Callable, fn: Callable, device: torch.device, iters: int, w
     return got
 
 
+class NoBatches:
+    """A loader that yields no batch. Started again and again (as a loop that restarts an exhausted loader does), it
+    raises RuntimeError on the 100th start instead of letting that loop spin for ever: a check ends, and says why."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def __iter__(self) -> Iterator:
+        self.starts += 1
+        if self.starts >= 100:
+            raise RuntimeError("the loader yields no batch, and was started again 99 times: a loop that restarts an "
+                               "exhausted loader must stop when a whole pass yields nothing")
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _refuses(fn: Callable, name: str, args: Callable[[list], tuple], loader: bool) -> None:
+    """fn(*args(batches), **bad) raises ValueError for iters=0 and warmup=-1 (and for a loader with no batch): the
+    docstring's bad input. `args` builds the positional arguments around a loader of the given batches."""
+    __tracebackhide__ = True
+    one = [(torch.randn(4, 8), torch.zeros(4, dtype=torch.long))]
+    cases = [("iters=0", one, {"iters": 0}), ("warmup=-1", one, {"warmup": -1})]
+    cases += [("a loader with no batches", NoBatches(), {"warmup": 1, "iters": 2})] if loader else []
+    for label, batches, kwargs in cases:
+        expect_raises(ValueError, fn, *args(batches), what=f"{name}(..., {label})", **kwargs,
+                      hint="check the arguments before any work: iters must be at least 1 and warmup at least 0"
+                           + (", and the loader must yield a batch" if loader else ""))
+
+
 def check_time_gpu(time_gpu: Callable) -> None:
     """time_gpu on the CPU (calls of known length, one slow call, no warm-up) and on a simulated T4."""
     __tracebackhide__ = True
@@ -118,7 +149,8 @@ def check_time_gpu(time_gpu: Callable) -> None:
                   "record events around each call and synchronise before reading elapsed_time")
             check(got < 1.5 * _MS, f"on a simulated GPU time_gpu returned {got:.1f} ms; the timed calls took "
                   f"{gpu_schedule[3:]} ms", "return the median of the per-call times, and leave the warm-up out")
-    passed("time_gpu times calls on the CPU and GPU work on a simulated GPU correctly")
+    _refuses(time_gpu, "time_gpu", lambda _: (lambda: None, torch.device("cpu")), loader=False)
+    passed("time_gpu times calls on the CPU and GPU work on a simulated GPU correctly, and refuses bad arguments")
 
 
 def _forwards(model: Any, where: str, n: int, warmup: int, iters: int, training: bool) -> None:
@@ -219,6 +251,8 @@ def check_measure_throughput(measure_throughput: Callable) -> None:
             window = longest_window_ms(sim, mark, 3, called)
             _forwards(model, where, 6, 3, 3, training=False)
             _rate(got, name, where, 1 + 32 + 1, 3 * _MS, window_ms=window)  # batches 4, 5, 6 of [32, 1, 32, 1, 32, 1]
+    _refuses(measure_throughput, name, lambda batches: (CostlyModel(ms_per_call=0.0), batches, torch.device("cpu")),
+             loader=True)
     passed(f"measure_throughput on the CPU and on a simulated GPU: {got:.0f} samples/s for the short loader")
 
 
@@ -281,4 +315,7 @@ def check_train_throughput(train_throughput: Callable) -> None:
             model = CostlyModel(ms_per_call=_MS).to(sim.device)
             got, window = _train(train_throughput, model, _short_loader(), sim.device, 3, 3, where, sim)
             _rate(got, name, where, 1 + 32 + 1, 3 * _MS, window_ms=window)  # steps 4, 5, 6 of [32, 1, 32, 1, 32, 1]
+    model = CostlyModel(ms_per_call=0.0)
+    _refuses(train_throughput, name, lambda batches: (model, batches, torch.optim.SGD(model.parameters(), lr=0.01),
+                                                      nn.CrossEntropyLoss(), torch.device("cpu")), loader=True)
     passed(f"train_throughput on the CPU and on a simulated GPU: {got:.0f} samples/s for the short loader")

@@ -27,7 +27,17 @@ _CUDA_BRANCH = '''    if device.type == "cuda":
         torch.cuda.synchronize(device)  # the warm-up's work must not spill into the first timed call'''
 _END_SYNC = "            end.synchronize()  # the GPU has stamped `end` only once it got there\n"
 
+_CHECK = '''    if iters < 1 or warmup < 0:
+        raise ValueError(f"iters={iters}, warmup={warmup}: need iters >= 1 and warmup >= 0")
+'''
+
+_EMPTY = '''            if empty:
+                raise ValueError("the loader yielded no batches; pass a loader with at least one batch")
+'''
+
 TIME_GPU = [
+    Variant("time_gpu", "no_argument_check", True, _time((_CHECK, "")),
+            "accepts iters=0 or a negative warmup, which the docstring refuses (#34)"),
     Variant("time_gpu", "mean_not_median", True, _time((_MEDIAN, "    return float(statistics.mean(times))")),
             "reports the mean, which one slow call pulls up"),
     Variant("time_gpu", "seconds_not_ms", True, _time((_MEDIAN, "    return float(statistics.median(times)) / 1000")),
@@ -94,6 +104,10 @@ _M_TIMED_COPY = ("            inputs = next(stream)[0].to(device, non_blocking=T
                  "            model(inputs)\n            samples")
 
 MEASURE = [
+    Variant("measure_throughput", "spins_on_an_empty_loader", True, _measure((_EMPTY, "")),
+            "starts an empty loader again and again, for ever, instead of refusing it (#34)"),
+    Variant("measure_throughput", "no_argument_check", True, _measure((_CHECK, "")),
+            "accepts iters=0 or a negative warmup, which the docstring refuses (#34)"),
     Variant("measure_throughput", "no_sync", True, _measure((_M_SYNC, "        pass")),
             "stops the clock while the GPU still works: throughput many times too high"),
     Variant("measure_throughput", "no_sync_before_start", True,
@@ -151,6 +165,8 @@ MEASURE = [
     Variant("measure_throughput", "restart_on_stop_iteration", False, '''
 def measure_throughput(model, loader, device, warmup=3, iters=20):
     device = torch.device(device)
+    if iters < 1 or warmup < 0:
+        raise ValueError("iters must be at least 1 and warmup at least 0")
     it = iter(loader)
 
     def next_inputs():
@@ -159,7 +175,9 @@ def measure_throughput(model, loader, device, warmup=3, iters=20):
             batch = next(it)
         except StopIteration:  # the loader ran out: start it again
             it = iter(loader)
-            batch = next(it)
+            batch = next(it, None)
+            if batch is None:
+                raise ValueError("the loader yields no batch") from None
         return batch[0].to(device, non_blocking=True)
 
     model.eval()
@@ -185,8 +203,14 @@ import itertools
 
 
 def measure_throughput(model, loader, device, warmup=3, iters=20):
-    model.eval()
+    if iters < 1 or warmup < 0:
+        raise ValueError("iters must be at least 1 and warmup at least 0")
     batches = itertools.cycle(loader)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("the loader yields no batch")
+    batches = itertools.chain([first], batches)
+    model.eval()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         for inputs, _ in itertools.islice(batches, warmup):
@@ -207,6 +231,10 @@ _T_START = "    sync()\n    start = time.perf_counter()\n"
 _ZERO = "        optimizer.zero_grad(set_to_none=True)\n"
 
 TRAIN = [
+    Variant("train_throughput", "spins_on_an_empty_loader", True, _train((_EMPTY, "")),
+            "starts an empty loader again and again, for ever, instead of refusing it (#34)"),
+    Variant("train_throughput", "no_argument_check", True, _train((_CHECK, "")),
+            "accepts iters=0 or a negative warmup, which the docstring refuses (#34)"),
     Variant("train_throughput", "no_sync", True, _train((_M_SYNC, "        pass")),
             "stops the clock while the GPU still works"),
     Variant("train_throughput", "warmup_timed", True, _train(
