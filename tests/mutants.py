@@ -103,6 +103,21 @@ EQUIVALENT: dict[str, str] = {
         "set_to_none=True is zero_grad's default since torch 2.0",
     **{f"train_throughput:{at} constant_changed: '2' -> '4'": "a batch is an (inputs, targets) pair: [:4] takes the "
        "same two items as [:2]" for at in ("39:28", "44:39")},
+    "find_max_batch:19:15 arguments_swapped: 'min(2 * good, limit)' -> 'min(limit, 2 * good)'": "min is symmetric",
+    **{f"fit:{change}": "the progress bar's label and whether it stays on screen: what the learner sees, not what fit "
+       "returns" for change in (
+           "49:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
+           "'tqdm(train_loader, leave=False)'",
+           "49:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
+           "'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\")'",
+           "49:92 constant_changed: 'False' -> 'True'", "49:64 arithmetic_swapped: 'epoch + 1' -> '(epoch) - (1)'",
+           "49:72 constant_changed: '1' -> '0'")},
+    "fit:52:12 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+        "set_to_none=True is zero_grad's default since torch 2.0",
+    "fit:52:44 constant_changed: 'True' -> 'False'": "every parameter gets a gradient in every step, so AdamW steps "
+        "the same from zeroed gradients as from None",
+    "set_seed:7:4 call_removed: 'torch.cuda.manual_seed_all(seed)' -> 'pass'": "torch.manual_seed seeds every device, "
+        "CUDA included (its docs); the explicit call repeats it",
     "amp_train_step:13:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
     "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "
