@@ -118,6 +118,11 @@ EQUIVALENT: dict[str, str] = {
         "the same from zeroed gradients as from None",
     "set_seed:7:4 call_removed: 'torch.cuda.manual_seed_all(seed)' -> 'pass'": "torch.manual_seed seeds every device, "
         "CUDA included (its docs); the explicit call repeats it",
+    **{f"{at} default_used: '{name}' -> '({value})'": "the ValueError's message text (the contract asks for the "
+       "error, not its wording)" for at, name, value in (
+           ("time_gpu:10:34", "iters", 20), ("time_gpu:10:50", "warmup", 3), ("measure_throughput:11:34", "iters", 20),
+           ("measure_throughput:11:50", "warmup", 3), ("train_throughput:12:34", "iters", 20),
+           ("train_throughput:12:50", "warmup", 3))},
     "amp_train_step:13:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
     "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "
