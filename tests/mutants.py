@@ -123,6 +123,8 @@ EQUIVALENT: dict[str, str] = {
            ("time_gpu:10:34", "iters", 20), ("time_gpu:10:50", "warmup", 3), ("measure_throughput:11:34", "iters", 20),
            ("measure_throughput:11:50", "warmup", 3), ("train_throughput:12:34", "iters", 20),
            ("train_throughput:12:50", "warmup", 3))},
+    "train_and_evaluate:15:16 keyword_dropped: 'torch.optim.Adam(model.parameters(), lr=1e-3)' -> "
+    "'torch.optim.Adam(model.parameters())'": "1e-3 is Adam's default learning rate",
     "amp_train_step:13:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
     "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "
