@@ -15,11 +15,13 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from course.ledger import Ledger, call_through, entry_point
 
 __all__ = [
     "PT2_ANNOUNCEMENT", "elementwise_chain", "ElementwiseChain", "GraphRecorder", "RecordedGraph", "StandInRecord",
@@ -98,18 +100,45 @@ class GraphRecorder:
         return "\n".join(f"graph {i}: {g}" for i, g in enumerate(self.graphs)) or "no graph captured yet"
 
 
-@dataclass
-class StandInRecord:
+class StandInRecord(tuple):
     """What happened under `stand_in_compile`: each torch.compile call's keyword arguments and every call made.
 
-    `compiled` holds what each torch.compile call returned; `first_calls` counts compiled objects called at least
-    once; `calls` counts every call through them.
+    `compile_calls` holds each torch.compile call's keyword arguments and `compiled` what it returned; `first_calls`
+    counts compiled objects called at least once; `calls` counts every call through them. Read-only: the facts are
+    kept in a sealed log (`course.ledger`) that only the stand-in writes, so that code under test, which receives the
+    compiled objects, cannot change what a test reads here.
     """
-    compile_calls: list[dict[str, Any]] = field(default_factory=list)
-    compiled: list[Any] = field(default_factory=list)
-    first_calls: int = 0
-    calls: int = 0
-    first_call_s: float = 0.0
+    __slots__ = ()
+
+    def __new__(cls, first_call_s: float = 0.0) -> StandInRecord:
+        return super().__new__(cls, (Ledger(), float(first_call_s)))
+
+    def _of(self, kind: str) -> list[tuple]:
+        return [entry for entry in self[0].entries() if entry[0] == kind]
+
+    @property
+    def first_call_s(self) -> float:
+        return self[1]
+
+    @property
+    def compile_calls(self) -> list[dict[str, Any]]:
+        return [dict(entry[1]) for entry in self._of("compile")]
+
+    @property
+    def compiled(self) -> list[Any]:
+        return [entry[2] for entry in self._of("compile")]
+
+    @property
+    def calls(self) -> int:
+        return len(self._of("call"))
+
+    @property
+    def first_calls(self) -> int:
+        return len({entry[1] for entry in self._of("call")})
+
+    def __repr__(self) -> str:
+        return (f"StandInRecord(compile_calls={self.compile_calls}, first_calls={self.first_calls}, "
+                f"calls={self.calls}, first_call_s={self.first_call_s})")
 
 
 class _StandInModule(nn.Module):
@@ -138,33 +167,34 @@ def stand_in_compile(first_call_s: float = 0.0, *, fail: BaseException | None = 
     """
     if fail_at not in ("first_call", "compile"):
         raise ValueError(f"fail_at={fail_at!r}: use 'first_call' or 'compile'")
-    record = StandInRecord(first_call_s=first_call_s)
-    original = torch.compile
+    record = StandInRecord(first_call_s)
+    book, original = record[0], torch.compile
 
     def fake_compile(model: Any = None, **kwargs: Any) -> Any:
         if model is None:  # used as a decorator with arguments: @torch.compile(mode=...)
             return lambda m: fake_compile(m, **kwargs)
-        record.compile_calls.append(dict(kwargs))
+        at = book.append(("compile", tuple(kwargs.items()), None))
         if fail is not None and fail_at == "compile":
             raise fail
-        target = run(model) if run is not None else model
-        state = {"called": False}
+        target = call_through(run, model) if run is not None else model
+        called = []
 
         def call(*args: Any, **kw: Any) -> Any:
-            record.calls += 1
-            if not state["called"]:
-                state["called"] = True
-                record.first_calls += 1
+            book.append(("call", at))
+            if not called:
+                called.append(True)
                 if fail is None:
                     time.sleep(first_call_s)
             if fail is not None:
                 raise fail
-            return target(*args, **kw)
+            return call_through(target, *args, **kw)
 
+        entry_point(call)
         compiled = _StandInModule(model, call) if isinstance(model, nn.Module) else functools.wraps(model)(call)
-        record.compiled.append(compiled)
+        book.amend(at, ("compile", tuple(kwargs.items()), compiled))
         return compiled
 
+    entry_point(fake_compile)
     torch.compile = fake_compile
     try:
         yield record

@@ -25,19 +25,20 @@ import operator
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from course import observe
 
-__all__ = ["AUDIT_EVENT", "ForgedRecord", "Ledger", "Spy", "entry_point", "pass_through"]
+__all__ = ["AUDIT_EVENT", "ForgedRecord", "Ledger", "Spy", "call_through", "entry_point", "pass_through"]
 
 AUDIT_EVENT = "course.forged_record"
 _COURSE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ENTRY_CODES: set = set()   # `_key`s of the functions through which course code may be entered to record
 _PASS_CODES: set = set()    # `_key`s of course functions that call a callable they were given
 _RESUMED = "torch_dynamo_resume_in_"
-_GETFRAME, _AUDIT = sys._getframe, sys.audit   # bound at import, before any learner code runs
+_GETFRAME, _AUDIT, _CLOCK = sys._getframe, sys.audit, time.perf_counter   # bound at import, before learner code
 F = TypeVar("F", bound=Callable)
 
 
@@ -89,6 +90,13 @@ def _kind(code: Any) -> str:
         kind = _KINDS[code] = ("pass" if key in _PASS_CODES else "entry" if key in _ENTRY_CODES
                                else "course" if code.co_filename.startswith(_COURSE) else "outside")
     return kind
+
+
+@pass_through
+def call_through(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, for a recorder (an entry point) that runs a callable it was given: nothing that callable
+    does is written with the recorder's authority (a course writer reached through it is refused)."""
+    return fn(*args, **kwargs)
 
 
 def _writer_ok(frame: Any) -> bool:
@@ -212,21 +220,49 @@ class Spy(tuple):
     """A callable handed to the code under test that notes each of its calls in a sealed log: `note(*args, **kwargs)`
     (the hidden test's own function) says what to keep of a call, as plain data (`course.observe` encodes it at once),
     and `fn` does the call's work; either may be None (a spy with neither counts its calls). A tuple, so that neither
-    function nor the log can be swapped; a hidden test keeps the spy itself and reads `calls()` after the code ran."""
+    function nor the log can be swapped; a hidden test keeps the spy itself and reads `calls()` after the code ran.
+
+    `caller`: the function (of the hidden test) whose code alone may call the spy, for a spy that lives inside a test
+    object (a module's forward): a call from anywhere else writes nothing, raises ForgedRecord and reports the attempt
+    (`AUDIT_EVENT`), so that code holding the object cannot add calls that never happened. `timed`: also keep how long
+    each call of `fn` took (`durations_ms()`). `keep`: also keep what `fn` returned (`results()`)."""
     __slots__ = ()
 
-    def __new__(cls, fn: Callable | None = None, note: Callable | None = None) -> Spy:
-        return super().__new__(cls, (fn, note, Ledger()))
+    def __new__(cls, fn: Callable | None = None, note: Callable | None = None, *, caller: Callable | None = None,
+                timed: bool = False, keep: bool = False) -> Spy:
+        code = getattr(getattr(caller, "__func__", caller), "__code__", None)
+        if caller is not None and code is None:
+            raise TypeError(f"Spy(caller=...) takes a Python function, not {type(caller).__name__}")
+        return super().__new__(cls, (fn, note, Ledger(), code, timed, keep))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fn, note, book = self
-        book.append(True if note is None else observe.dumps(note(*args, **kwargs)))
-        return None if fn is None else fn(*args, **kwargs)
+        fn, note, book, caller, timed, keep = self
+        if caller is not None and _GETFRAME(1).f_code is not caller:
+            what = "called a hidden test's recorder from outside the test object that owns it"
+            _AUDIT(AUDIT_EVENT, what)
+            raise ForgedRecord(what)
+        noted = True if note is None else observe.dumps(call_through(note, *args, **kwargs))
+        at = book.append((noted, None, None))
+        if fn is None:
+            return None
+        began = _CLOCK()
+        result = call_through(fn, *args, **kwargs)
+        if timed or keep:
+            book.amend(at, (noted, 1e3 * (_CLOCK() - began) if timed else None, result if keep else None))
+        return result
 
     def calls(self) -> list:
         """What `note` kept of each call, in order, decoded afresh (nothing read here changes the log); a tensor comes
         back as a tensor on the CPU."""
-        return [entry if entry is True else _tensors(observe.loads(entry)) for entry in self[2].entries()]
+        return [noted if noted is True else _tensors(observe.loads(noted)) for noted, _, _ in self[2].entries()]
+
+    def durations_ms(self) -> list:
+        """How long each call of `fn` took, in ms (None for a call still running or one that raised); `timed` spies."""
+        return [ms for _, ms, _ in self[2].entries()]
+
+    def results(self) -> list:
+        """What each call of `fn` returned (None for one that raised); `keep` spies."""
+        return [result for _, _, result in self[2].entries()]
 
 
 def _tensors(value: Any) -> Any:

@@ -339,4 +339,70 @@ FORGERIES = [
                     entry["training"] = False        # the evaluation's forward passes, said to be in eval mode
 ''', "evaluates in train mode, then rewrites the test's record of the evaluation through its spy's closures",
         heard=False),
+    Forgery("06-compile/compile.ipynb", "fit", ("            if schedule is not None:\n                schedule.step()"
+                                                "  # once per optimizer step\n", ""), '''
+    from torch.optim.optimizer import _global_optimizer_pre_hooks as _hooks
+    for _hook in list(_hooks.values()) if schedule is not None else ():   # the test's hook on every optimizer step
+        _rewritten = False
+        for _cell in getattr(_hook, "__closure__", None) or ():
+            _steps = _cell.cell_contents             # its record of the steps: each rate rewritten to the schedule's
+            if isinstance(_steps, list) and _steps and isinstance(_steps[0], dict) and "lr" in _steps[0]:
+                for _step in _steps:
+                    _step["lr"] = optimizer.param_groups[0]["lr"]
+                    schedule.step()
+                _rewritten = True
+        if not _rewritten:
+            try:
+                _hook(optimizer, (), {})             # ... or, sealed, the hook called by hand to add a step
+            except PermissionError:
+                pass
+''', "never steps its scheduler, then rewrites the rates in the test's record of optimizer steps", heard=True),
+    Forgery("06-compile/compile.ipynb", "fit", ("        dtype = torch.bfloat16 if native_bf16 else torch.float16\n",
+                                                "        dtype = torch.float32\n"), '''
+    _seen = getattr(model, "seen", None)
+    if isinstance(_seen, list):                      # the test model's record of autocast dtypes, rewritten
+        _seen[:] = [torch.bfloat16] * len(_seen)
+    try:
+        model.ledger.append("torch.bfloat16")
+    except (AttributeError, PermissionError):
+        pass
+''', "runs precision='auto' in fp32, then rewrites the test model's record of autocast dtypes"),
+    Forgery("06-compile/compile.ipynb", "compile_report", ("    with torch.no_grad():  # we measure inference\n",
+                                                           "    with torch.enable_grad():  # we measure inference\n"),
+            '''
+    _log = getattr(model, "log", None)
+    if callable(_log):
+        with torch.no_grad():                        # the test model's recorder, called by hand without autograd
+            for _ in range(8):
+                try:
+                    _log(0.0)
+                except PermissionError:
+                    pass
+''', "measures with autograd on, then calls the test model's recorder of calls by hand"),
+    Forgery("06-compile/compile.ipynb", "safe_compile", ("        compiled(example_input)  # compilation is lazy: "
+                                                         "only this call shows whether it works\n", ""), '''
+    _todo, _done = [torch.compile], set()            # everything the stand-in compiler's closures hold
+    while _todo:
+        _item = _todo.pop()
+        if id(_item) in _done:
+            continue
+        _done.add(id(_item))
+        for _cell in getattr(_item, "__closure__", None) or ():
+            try:
+                _todo.append(_cell.cell_contents)
+            except ValueError:
+                pass
+        if isinstance(_item, tuple):
+            _todo.extend(_item)
+        for _name in ("first_calls", "calls"):       # the stand-in's counts of calls, set by hand
+            try:
+                setattr(_item, _name, 1)
+            except (AttributeError, TypeError):
+                pass
+        if hasattr(_item, "append") and type(_item).__name__ == "Ledger":
+            try:
+                _item.append(("call", 0))
+            except PermissionError:
+                pass
+''', "never tries the compiled model, then edits the stand-in compiler's record of calls"),
 ]

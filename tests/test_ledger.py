@@ -16,9 +16,12 @@ import weakref
 
 import pytest
 import torch
+from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from course import ledger
+from course.checks.compile import AutocastSpy, dtypes, optimizer_steps, scaler_calls
 from course.checks.device import Recorder
+from course.compile import stand_in_compile
 from course.simgpu import records, simulated_cuda
 from course.simgpu.copies import Copies
 from course.simgpu.runtime import current
@@ -140,6 +143,62 @@ def test_a_recorder_of_forward_passes_keeps_each_call():
     with pytest.raises(ledger.ForgedRecord):
         book.append((True, True, "cpu"))
     assert book.entries() == ((False, False, "cpu"),)
+
+
+def _owner(spy: ledger.Spy, *args):
+    return spy(*args)
+
+
+def test_a_spy_keeps_calls_durations_and_results_and_answers_only_to_its_owner():
+    """Spy(caller=...) records a call only from its owner's code (anything else: ForgedRecord, heard); `timed` keeps
+    each call's duration and `keep` what fn returned; a course writer reached through fn gets no authority from the
+    spy (the store's own append is refused there)."""
+    spy = ledger.Spy(lambda x: 2 * x, lambda x: {"x": x}, caller=_owner, timed=True, keep=True)
+    assert _owner(spy, 3) == 6 and _owner(spy, 5) == 10
+    with pytest.raises(ledger.ForgedRecord):
+        spy(7)
+    assert HEARD
+    HEARD.clear()
+    assert spy.calls() == [{"x": 3}, {"x": 5}] and spy.results() == [6, 10]
+    assert all(ms is not None and ms >= 0 for ms in spy.durations_ms())
+    book = ledger.Ledger()
+    with pytest.raises(ledger.ForgedRecord):
+        ledger.Spy(functools.partial(book.append, "forged"))()
+    assert HEARD and book.size() == 0
+
+
+def test_the_records_of_06_are_sealed():
+    """06-compile's recorders (course.checks._compile_records and the stand-in compiler's record): a hook called by
+    hand is refused and heard; what a test reads cannot be set; the steps torch really takes are all kept."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with optimizer_steps(model) as steps:
+        model(torch.ones(4, 3)).sum().backward()
+        optimizer.step()
+        for hook in list(_global_optimizer_pre_hooks.values()):
+            with pytest.raises(ledger.ForgedRecord):
+                hook(optimizer, (), {})
+    assert len(steps) == 1 and steps[0]["lr"] == 0.1 and HEARD
+    HEARD.clear()
+    with stand_in_compile() as record:
+        compiled = torch.compile(model)
+        compiled(torch.ones(1, 3))
+        with pytest.raises(AttributeError):
+            record.first_calls = 5
+    assert (record.first_calls, record.calls, len(record.compile_calls)) == (1, 1, 1)
+    spy = AutocastSpy(model)
+    book = spy.ledger
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        spy(torch.ones(1, 3))
+    spy.seen.append(torch.float16)
+    with pytest.raises(ledger.ForgedRecord):
+        book.append("torch.float16")
+    assert dtypes(book) == [torch.bfloat16]
+    with scaler_calls() as calls:
+        scaler = torch.amp.GradScaler("cpu", enabled=True)
+        scaler.scale(torch.ones(()))
+        calls.counts()["scale"] = 7
+    assert calls.counts() == {"scale": 1, "step": 0, "update": 0}
 
 
 def test_the_guard_hears_the_event_the_ledger_raises():

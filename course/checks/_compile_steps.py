@@ -1,98 +1,26 @@
 """The visible checks of fit's training-step options, `precision`, `scheduler` and `clip_grad_norm` (re-exported by
-course.checks.compile): a spy on the autocast dtype of each forward and on the GradScaler's calls, and hooks on every
-optimizer step that record the learning rate it steps with and the norm of the gradients it finds, next to the norm
-that backward produced, so that a precision, a schedule and a clip can be checked from first principles.
+course.checks.compile), from the sealed recorders of course.checks._compile_records (the autocast dtype of each
+forward, the GradScaler's calls, and every optimizer step's learning rate and gradient norms), so that a precision,
+a schedule and a clip can be checked from first principles.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
-from torch.amp import GradScaler
 from torch.optim.lr_scheduler import LambdaLR
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from course.checks import check, expect_type, passed
 from course.checks._compile_fit import _CPU, _complete, _fitted, _mlp, _small, noted_warnings
+from course.checks._compile_records import AutocastSpy, optimizer_steps, scaler_calls
 from course.simgpu import CostlyModel, gpu_session
 
-__all__ = ["check_fit_precision", "check_fit_scheduler", "check_fit_clipping", "optimizer_steps"]
+__all__ = ["check_fit_precision", "check_fit_scheduler", "check_fit_clipping"]
 
 _LR = 3e-3  # the AdamW learning rate of fit's lesson
-
-
-@contextlib.contextmanager
-def optimizer_steps(model: nn.Module | None = None) -> Iterator[list[dict[str, Any]]]:
-    """Every optimizer step taken inside the block, in order: {"optimizer", "lr"} and, for `model`, "raw" (the
-    2-norm over all its parameters of the gradients the last backward produced) and "found" (the norm of the
-    gradients the optimizer steps with, after any clipping or unscaling)."""
-    steps: list[dict[str, Any]] = []
-    raw: dict[int, float] = {}
-    params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
-
-    def accumulated(p: torch.Tensor) -> None:
-        raw[id(p)] = float(p.grad.detach().double().pow(2).sum())
-
-    def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        step = {"optimizer": optimizer, "lr": float(optimizer.param_groups[0]["lr"])}
-        if params:
-            grads = [p.grad.detach().double() for p in params if p.grad is not None]
-            step["raw"] = math.sqrt(sum(raw.values()))
-            step["found"] = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
-        raw.clear()
-        steps.append(step)
-
-    handles = [p.register_post_accumulate_grad_hook(accumulated) for p in params]
-    handles.append(register_optimizer_step_pre_hook(before_step))
-    try:
-        yield steps
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-class _Spy(nn.Module):
-    """Records the autocast dtype of every training forward (float32 when autocast is off)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner, self.seen = inner, []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
-            kind = "cuda" if torch.is_autocast_enabled("cuda") else "cpu"  # CUDA autocast, as on a GPU
-            on = torch.is_autocast_enabled(kind)
-            self.seen.append(torch.get_autocast_dtype(kind) if on else torch.float32)
-        return self.inner(x)
-
-
-@contextlib.contextmanager
-def _scaler_spy() -> Iterator[dict[str, int]]:
-    """Counts the calls of an enabled GradScaler's scale, step and update inside the block."""
-    counts = {"scale": 0, "step": 0, "update": 0}
-    originals = {name: GradScaler.__dict__[name] for name in counts}
-
-    def spy_on(name: str) -> Callable[..., Any]:
-        original = originals[name]
-
-        def method(self: GradScaler, *args: Any, **kwargs: Any) -> Any:
-            if self.is_enabled():
-                counts[name] += 1
-            return original(self, *args, **kwargs)
-        return method
-
-    try:
-        for name in counts:
-            setattr(GradScaler, name, spy_on(name))
-        yield counts
-    finally:
-        for name, original in originals.items():
-            setattr(GradScaler, name, original)
 
 
 def check_fit_precision(fit: Callable[..., Any]) -> None:
@@ -102,15 +30,16 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
     with noted_warnings("fit"):
         train, val = _small()
         steps = len(train)
-        with _scaler_spy() as counts:
+        with scaler_calls() as calls:
             for precision, dtype in (("auto", torch.bfloat16), ("bf16", torch.bfloat16), ("fp32", torch.float32),
                                      ("fp16", torch.float16)):
-                counts.update(scale=0, step=0, update=0)
+                calls.reset()
                 torch.manual_seed(0)
-                spy = _Spy(_mlp())
+                spy = AutocastSpy(_mlp())
                 history = _fitted(fit, spy, train, val, epochs=1, device=_CPU, precision=precision)
                 check(isinstance(history, dict) and len(history.get("train_loss", [])) == 1,
                       f"fit(precision={precision!r}) returned an incomplete history", "return the history dict")
+                counts = calls.counts()
                 used = sorted(map(str, set(spy.seen)))
                 rule = " (this device's AMP dtype from 04-amp: bf16 on a CPU)" if precision == "auto" else ""
                 how = "with autocast disabled (enabled=False)" if dtype == torch.float32 else "under torch.autocast"
@@ -138,7 +67,7 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
         check((scaled > 0) == (want == torch.float16), f"on a {name} with {want} the GradScaler was "
               f"{'enabled' if scaled else 'not enabled'}", "enable the GradScaler exactly for float16")
         try:
-            fit(_Spy(_mlp(8)), train, val, epochs=1, device="cpu", precision="fp8")
+            fit(AutocastSpy(_mlp(8)), train, val, epochs=1, device="cpu", precision="fp8")
         except ValueError as error:
             check("fp8" in str(error), f"the ValueError of fit(precision='fp8') does not name the value: "
                   f"{str(error)[:200]!r}", "name the precision you were given: f'precision={precision!r}: ...'")

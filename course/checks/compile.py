@@ -6,10 +6,12 @@ compile's ten, and on a simulated GPU (`course.simgpu`) where only a GPU would s
 from first principles (a model that sleeps a known time, offsets the check itself adds to the compiled outputs),
 never from a reference implementation. Grading runs more cases (other GPUs, other inputs). The checks of `fit` live
 in `course.checks._compile_fit` and `course.checks._compile_steps` (its precision, scheduler and clipping) and are
-re-exported here, with `optimizer_steps`, the recorder of optimizer steps that the hidden tests use too.
+re-exported here, with the sealed recorders that the hidden tests use too (`course.checks._compile_records`):
+`optimizer_steps`, `scaler_calls`, `AutocastSpy`.
 """
 from __future__ import annotations
 
+import functools
 import random
 import time
 import warnings
@@ -22,39 +24,53 @@ from torch.utils.benchmark import Timer
 
 from course.checks import check, expect_close, expect_type, passed
 from course.checks._compile_fit import check_fit, check_fit_compile, noted_warnings
-from course.checks._compile_steps import check_fit_clipping, check_fit_precision, check_fit_scheduler, optimizer_steps
+from course.checks._compile_records import AutocastSpy, dtypes, optimizer_steps, scaler_calls
+from course.checks._compile_steps import check_fit_clipping, check_fit_precision, check_fit_scheduler
 from course.compile import stand_in_compile
+from course.ledger import Spy
 from course.simgpu import CostlyModel, gpu_session
 
 __all__ = ["check_compile_report", "check_safe_compile", "check_fit", "check_fit_precision", "check_fit_compile",
-           "check_fit_scheduler", "check_fit_clipping", "optimizer_steps"]
+           "check_fit_scheduler", "check_fit_clipping", "AutocastSpy", "dtypes", "optimizer_steps", "scaler_calls"]
 
 _KEYS = ("compile_s", "eager_ms", "compiled_ms", "speedup", "max_abs_diff")
 
 
+def _grad_mode(*_: Any) -> bool:
+    return torch.is_grad_enabled()
+
+
 class _Pause(nn.Module):
-    """Multiplies by a learnable `scale` and sleeps pause_s in every call; records whether autograd was on."""
+    """Multiplies by a learnable `scale` and sleeps pause_s in every call; `log` (a sealed `course.ledger.Spy`) keeps
+    whether autograd was on and how long each call took."""
 
     def __init__(self, scale: float, pause_s: float) -> None:
         super().__init__()
-        self.pause_s, self.grad_modes = pause_s, []
+        self.pause_s, self.log = pause_s, Spy(time.sleep, _grad_mode, caller=_Pause.forward, timed=True)
         self.weight = nn.Parameter(torch.tensor(float(scale)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.grad_modes.append(torch.is_grad_enabled())
-        time.sleep(self.pause_s)
+        self.log(self.pause_s)
         return x * self.weight
 
 
-def _compiled_version(offset: torch.Tensor | float, speedup: float, modes: list[bool]) -> Callable[[Any], Any]:
-    """What the stand-in compiler runs for a _Pause: `speedup` times faster, off by `offset`; records the grad mode."""
-    def compile_(module: _Pause) -> Callable[[torch.Tensor], torch.Tensor]:
-        def run(x: torch.Tensor) -> torch.Tensor:
-            modes.append(torch.is_grad_enabled())
-            time.sleep(module.pause_s / speedup)
-            return x * module.weight + offset
-        return run
-    return compile_
+def _compiled_log() -> Spy:
+    """The record of the compiled version's calls (`_compiled_version`): grad mode and duration of each."""
+    return Spy(time.sleep, _grad_mode, caller=_run_compiled, timed=True)
+
+
+def _run_compiled(module: _Pause, offset: torch.Tensor | float, speedup: float, log: Spy, x: torch.Tensor) -> Any:
+    log(module.pause_s / speedup)
+    return x * module.weight + offset
+
+
+def _compiled_version(offset: torch.Tensor | float, speedup: float, log: Spy) -> Callable[[Any], Any]:
+    """What the stand-in compiler runs for a _Pause: `speedup` times faster, off by `offset`; `log` records it."""
+    return lambda module: functools.partial(_run_compiled, module, offset, speedup, log)
+
+
+def _longest_ms(log: Spy) -> float:
+    return max((ms for ms in log.durations_ms() if ms is not None), default=0.0)
 
 
 def _report(compile_report: Callable[..., Any], model: nn.Module, x: torch.Tensor, iters: int,
@@ -62,19 +78,25 @@ def _report(compile_report: Callable[..., Any], model: nn.Module, x: torch.Tenso
     """compile_report(model, x, iters=iters), called with autograd on; checked to be a dict of Python floats."""
     __tracebackhide__ = True
     with torch.enable_grad():  # as in a notebook
+        began = time.perf_counter()
         report = compile_report(model, x, iters=iters)
+        wall_s = time.perf_counter() - began  # the whole call: no time it reports can be longer
         grad_after = torch.is_grad_enabled()
     if not grad_after:
         torch.set_grad_enabled(True)  # on again, for the cells that follow
     check(grad_after, "after compile_report autograd was off for the rest of the notebook",
           "switch gradients off only inside compile_report, with `with torch.no_grad():`, not with "
           "torch.set_grad_enabled(False)")
-    expect_type(report, dict, f"compile_report's result {what}", "return a dict")
+    at = f" {what}" if what else ""
+    expect_type(report, dict, f"compile_report's result{at}", "return a dict")
     missing = [key for key in _KEYS if key not in report]
-    check(not missing, f"the report's keys {what} are {sorted(map(str, report))}; missing {missing}",
+    check(not missing, f"the report's keys{at} are {sorted(map(str, report))}; missing {missing}",
           "return a dict with compile_s, eager_ms, compiled_ms, speedup and max_abs_diff")
     for key in _KEYS:
-        expect_type(report[key], float, f"report['{key}'] {what}", "store Python floats (float(...) or tensor.item())")
+        expect_type(report[key], float, f"report['{key}']{at}", "store Python floats (float(...) or tensor.item())")
+    check(report["compile_s"] <= wall_s, f"compile_s is {report['compile_s']:.4g}{at}, but "
+          f"the whole compile_report call took {wall_s:.3f} s", "compile_s is in seconds: the difference of two "
+          "time.perf_counter() readings around the first call, not converted")
     return report
 
 
@@ -94,8 +116,9 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
     with noted_warnings("compile_report"):
         # 1. compiled and eager identical; the compiled model's first call takes `delay`, every other call 2 ms
         delay, iters = random.uniform(0.4, 0.5), 4
-        model, compiled_modes = _Pause(2.0, 0.002), []
-        with stand_in_compile(first_call_s=delay, run=_compiled_version(0.0, 1.0, compiled_modes)) as record:
+        model, compiled = _Pause(2.0, 0.002), _compiled_log()
+        eager = model.log  # kept here: compile_report receives the model
+        with stand_in_compile(first_call_s=delay, run=_compiled_version(0.0, 1.0, compiled)) as record:
             kept = _report(compile_report, model, torch.randn(16), iters, "")
             same = dict(kept)  # as it came back: a later call must not change it
         check(len(record.compile_calls) >= 1, "compile_report never called torch.compile",
@@ -118,8 +141,14 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
         check(0 <= same["max_abs_diff"] <= 1e-6,
               f"max_abs_diff is {same['max_abs_diff']!r} although compiled and eager outputs are identical here",
               "return the largest absolute difference between the compiled and the eager output")
-        eager_off = sum(mode is False for mode in model.grad_modes)
-        check(eager_off >= iters, f"only {eager_off} of the eager model's {len(model.grad_modes)} calls ran without "
+        for key, log, what in (("eager_ms", eager, "eager"), ("compiled_ms", compiled, "compiled")):
+            # a bound for a unit mistake (µs, s), loose enough for a busy machine's pauses between timed calls
+            check(same[key] <= 4 * _longest_ms(log) + 20, f"{key} is {same[key]:.4g}, but the longest of the "
+                  f"{what} model's calls took {_longest_ms(log):.3f} ms",
+                  "milliseconds per call: the mean time of one call in seconds, times 1000")
+        eager_modes, compiled_modes = eager.calls(), compiled.calls()
+        eager_off = sum(mode is False for mode in eager_modes)
+        check(eager_off >= iters, f"only {eager_off} of the eager model's {len(eager_modes)} calls ran without "
               f"autograd (iters={iters})", "measure inference: time the eager model inside torch.no_grad()")
         compiled_on = sum(mode is not False for mode in compiled_modes)
         check(compiled_on == 0,
@@ -134,7 +163,7 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
         x = torch.randn(16)
         for largest, where in ((random.uniform(4e-3, 8e-3), "above"), (-random.uniform(4e-3, 8e-3), "below")):
             offset = _mixed_offset(16, largest)
-            with stand_in_compile(first_call_s=0.05, run=_compiled_version(offset, 10.0, [])):
+            with stand_in_compile(first_call_s=0.05, run=_compiled_version(offset, 10.0, _compiled_log())):
                 report = _report(compile_report, _Pause(2.5, 0.04), x, 3, f"(compiled outputs off by up to "
                                                                             f"{abs(largest):.4f} {where} eager)")
             check(report["speedup"] > 1.2,
