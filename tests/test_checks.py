@@ -43,6 +43,26 @@ def test_check_passes_silently_and_fails_with_what_and_hint(capsys):
     assert message == "✗ the model is on the wrong device. Fix: call model.to(device)"
 
 
+def _raises(error: BaseException):
+    raise error
+
+
+def test_calling_turns_the_learners_error_into_the_case_and_its_fix(capsys):
+    """An error from the learner's code reads as the case the check tried and the fix for it, on one line; a failed
+    check inside passes through unchanged; nothing is raised when the call works."""
+    with checks.calling("never shown", "never shown"):
+        pass
+    message = _failure(lambda: _run_calling(ValueError("bad size\nmore")), capsys=capsys)
+    assert message == "✗ f(a (3, 7) input) raised ValueError: bad size. Fix: take every size from x.shape"
+    inner = _failure(lambda: _run_calling(AssertionError("✗ inner. Fix: this")), capsys=capsys)
+    assert inner == "✗ inner. Fix: this"
+
+
+def _run_calling(error: BaseException) -> None:
+    with checks.calling("f(a (3, 7) input)", "take every size from x.shape"):
+        _raises(error)
+
+
 def test_expect_equal_shows_expected_and_got(capsys):
     expect_equal([1, 2], [1, 2], "lists")
     message = _failure(expect_equal, 3, 4, "count_correct(logits, labels)", "compare argmax with labels", capsys=capsys)

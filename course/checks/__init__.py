@@ -28,8 +28,8 @@ from typing import Any
 
 from course._testcell import attempt, graded, grading, judged
 
-__all__ = ["attempt", "check", "expect_equal", "expect_close", "expect_raises", "expect_type", "graded", "grading",
-           "judged", "note_warnings", "noting_warnings", "noting_warnings_in", "passed", "type_name",
+__all__ = ["attempt", "calling", "check", "expect_equal", "expect_close", "expect_raises", "expect_type", "graded",
+           "grading", "judged", "note_warnings", "noting_warnings", "noting_warnings_in", "passed", "type_name",
            "warning_text"]
 
 _MAX_REPR = 300
@@ -364,6 +364,21 @@ def expect_raises(
         _fail(f"{what}: expected {names}, but it raised {type_name(type(exc))}: {exc}", hint)
     _fail(f"{what}: expected {names}, but it returned {_show(result)} without raising", hint)
     raise AssertionError("unreachable")  # for type checkers: _fail always raises
+
+
+@contextlib.contextmanager
+def calling(what: str, hint: str) -> Iterator[None]:
+    """Around a call of the learner's code: an error it raises (other than a failed check) fails as one line,
+    "✗ {what} raised {type}: {message}. Fix: {hint}", naming the case the check was trying instead of showing a
+    traceback from inside the check. `hint` should name the mistake that case reveals. Used by every notebook."""
+    __tracebackhide__ = True
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the learner's error, told as the case that caused it
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        if isinstance(exc, AssertionError) and text.startswith("✗"):
+            raise
+        _fail(f"{what} raised {type_name(type(exc))}" + (f": {text[:300]}" if text else ""), hint, quiet_cause=True)
 
 
 def expect_type(value: Any, types: type | tuple[type, ...], what: str, hint: str = "") -> None:

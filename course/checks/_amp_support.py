@@ -63,14 +63,22 @@ def poisoned(value: float):
 def run_step(amp_train_step, *args):
     """The learner's amp_train_step(*args), with GradScaler's own complaints turned into a hint."""
     __tracebackhide__ = True
+    model = args[0]
     try:
         return amp_train_step(*args)
-    except (RuntimeError, AssertionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the learner's error, told as a mistake with its fix
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "update()" in text or "scale" in text or "inf checks" in text:
-            check(False, f"the GradScaler refused the step ({text})",
-                  "every step needs all of the scaler's calls, in the order of section 6")
-        raise
+        if isinstance(exc, AssertionError) and text.startswith("✗"):
+            raise
+        cast = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+        check(not cast, f"amp_train_step cast the model's parameters to {', '.join(cast)}, and then {text!r}",
+              "leave the model in float32: autocast runs each op in the 16-bit dtype while the weights (and the "
+              "optimizer's update) stay fp32 (section 3)")
+        check(not ("update()" in text or "scale" in text or "inf checks" in text),
+              f"the GradScaler refused the step ({text})",
+              "every step needs all of the scaler's calls, in the order of section 6")
+        check(False, f"amp_train_step raised {type(exc).__name__}: {text}",
+              "run the test's case in your notebook: the traceback shows where")
 
 
 def settings() -> dict:

@@ -68,6 +68,7 @@ def mean_pair(rank: int, all_reduce_mean: Any) -> dict:
     seen["after"] = loss.item()
     seen["integer"] = all_reduce_mean(torch.tensor(rank + 5))  # 5 and 6
     seen["graph"] = all_reduce_mean(torch.tensor(1.0 + rank, requires_grad=True) * 1.0)  # 1 and 2
+    seen["large"] = all_reduce_mean(1e8 + 1 + rank)  # 100000001 and 100000002: float32 holds neither
     return seen
 
 

@@ -1,10 +1,12 @@
 """The seeded models, data and stand-ins that 07-memory's visible checks (course.checks.memory) run on, and their
-comparison of an accumulated step with one plain SGD step on the whole batch.
+comparison of an accumulated step with one plain SGD step on the whole batch, and the Fix for a wrong optimizer
+figure of training_memory, found by measuring what each typical mistake would give.
 
 Nothing here answers an exercise: these are the inputs of the checks and the reference they compare with.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -114,3 +116,33 @@ def same_step(got: Any, want_loss: float, params: list, want_params: list, label
     check(torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"),
           f"after accumulation_step ({label}) grad mode or autocast was left changed",
           "leave the global state as you found it: use `with` blocks")
+
+
+def optimizer_mistake(model: nn.Module, optimizer: str, dtype: torch.dtype, master: bool, got: int,
+                       measured: Callable[..., dict[str, int]]) -> str | None:
+    """The Fix for a wrong "optimizer" figure that matches what real steps keep under one typical mistake (each
+    measured the same way as the right figure, on a changed setup); None when it matches none of them."""
+    def opt(model_: nn.Module, name: str, dtype_: torch.dtype, master_: bool) -> int:
+        return measured(model_, name, dtype_, master_)["optimizer"]
+
+    everything = copy.deepcopy(model).requires_grad_(True)  # the frozen parameters counted as trainable
+    one_state = "sgd_momentum" if optimizer in ("adam", "adamw") else None
+    if not master:
+        mistakes = [(dtype != torch.float32 and got == opt(model, optimizer, torch.float32, False),
+                     "without master weights the state has the parameters' dtype, not fp32"),
+                    (got == opt(everything, optimizer, dtype, False),
+                     "frozen parameters (requires_grad=False) are never stepped: they get no optimizer state"),
+                    (one_state is not None and got == opt(model, one_state, dtype, False),
+                     f"{optimizer} keeps two state tensors per trainable parameter (exp_avg and exp_avg_sq), not one")]
+    else:
+        copies = opt(model, "sgd", dtype, True)  # sgd keeps no state: what remains is the fp32 copies
+        mistakes = [(got == opt(model, optimizer, dtype, False),
+                     "with master_weights=True the optimizer steps fp32 copies: count them, and their state in fp32"),
+                    (got == opt(model, optimizer, torch.float32, False),
+                     "with master_weights=True add the fp32 copy of each trainable parameter to the state"),
+                    (got == copies + opt(model, optimizer, dtype, False),
+                     "with master_weights=True the optimizer steps the fp32 copies, so its state is fp32 too"),
+                    (got == opt(everything, "sgd", dtype, True) + opt(model, optimizer, dtype, True) - copies,
+                     "only trainable parameters get an fp32 master copy: frozen ones are never stepped")]
+    fixes = [fix for matched, fix in mistakes if matched]  # two mistakes can give the same figure: name both
+    return "; or: ".join(fixes) or None

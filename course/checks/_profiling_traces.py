@@ -56,6 +56,22 @@ GPU_TRACE_FIGURES: dict[str, Any] = {
     "memcpy_ms": 0.03, "sync_ms": (40 + 900 + 500) / 1e3, "regions": {"forward": 1.8, "backward": 1.5},
 }
 
+# What typical mistakes make of the same trace, worked out by hand (ms), each with the Fix that names it.
+GPU_TRACE_MISTAKES: dict[str, dict[float, str]] = {
+    "wall_ms": {
+        20.0: 'leave out the profiler\'s own span (category "Trace", 20 000 µs): it is not the program\'s work',
+        5500.0: "ts and dur are in µs: divide by 1000 for ms",
+        5.0: "the span ends where the last event ends (ts + dur), not where the last one starts",
+        3.52: "the events are not sorted by time: take the smallest start and the largest end over all of them",
+    },
+    "gpu_ms": {
+        2.655: "two streams overlap (220-2320 µs): a moment when both are busy counts once, so take the union of "
+               "the GPU intervals, not the sum of their durations",
+        3.46: "count the time the GPU is busy (the union of its events), not the span from its first to last event",
+        2.135: 'a memset is GPU work too: include the category "gpu_memset" with kernels and copies',
+    },
+}
+
 
 def breakdown_of(busy: float, synced: float, kernels: int, mean_us: float, *, wall_ms: float) -> dict[str, Any]:
     """A breakdown (the keys time_breakdown returns) with these shares of `wall_ms` and this mean kernel time."""

@@ -18,7 +18,16 @@ from unittest import mock
 import torch
 from torch import nn
 
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, noting_warnings, passed
+from course.checks import (
+    calling,
+    check,
+    expect_close,
+    expect_equal,
+    expect_raises,
+    expect_type,
+    noting_warnings,
+    passed,
+)
 from course.ledger import Ledger, entry_point
 from course.simgpu import simulated_cuda
 
@@ -192,9 +201,12 @@ def check_device_safe_net(net_class: type) -> None:
     with noting_warnings():
         for shape in ((2, 5, 4), (3, 7, 4)):
             net, x = net_class(), torch.randn(shape)
-            with torch.no_grad():
-                expect_close(net(x), _brokennet_arithmetic(net, x), f"DeviceSafeNet(x) on the CPU for a {shape} input",
-                             rel=1e-5, abs=1e-6, hint=fix + "; take every size from x.shape")
+            what = f"DeviceSafeNet(x) on the CPU for a {shape} input"
+            with torch.no_grad(), calling(what, "take every size from x.shape: batch and sequence lengths change "
+                                          "from call to call, so no size of the example input belongs in forward"):
+                out = net(x)
+            expect_close(out, _brokennet_arithmetic(net, x), what, rel=1e-5, abs=1e-6,
+                         hint=fix + "; take every size from x.shape")
         x = torch.randn(2, 5, 4, requires_grad=True)
         out = net(x)
         check(isinstance(out, torch.Tensor) and out.requires_grad, "DeviceSafeNet's output carries no gradient",

@@ -17,7 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, noting_warnings, passed
+from course.checks import (
+    calling,
+    check,
+    expect_close,
+    expect_equal,
+    expect_raises,
+    expect_type,
+    noting_warnings,
+    passed,
+)
 from course.checks._memory_cases import (
     MIB_FLOATS,
     OPTIMIZERS,
@@ -25,6 +34,7 @@ from course.checks._memory_cases import (
     checkpoint_blocks,
     mlp,
     oom,
+    optimizer_mistake,
     quick_collect,
     same_step,
     saved_bytes,
@@ -89,7 +99,10 @@ def check_training_memory(training_memory: Callable[..., Any]) -> None:
         for key in want:
             expect_type(got[key], int, f'training_memory(...)["{key}"] for {label}',
                         "return Python ints (use .numel() and sums, not tensors or floats)")
-            expect_equal(got[key], want[key], f'training_memory(...)["{key}"] for {label}', _HINTS[key])
+            hint = _HINTS[key]
+            if key == "optimizer" and got[key] != want[key]:
+                hint = optimizer_mistake(model, optimizer, dtype, master, got[key], measured) or hint
+            expect_equal(got[key], want[key], f'training_memory(...)["{key}"] for {label}', hint)
         after = list(model.parameters())
         check(len(after) == len(before) and all(
             p.dtype == v.dtype and p.requires_grad is trains and p.grad is None and bool(torch.equal(p.detach(), v))
@@ -229,9 +242,13 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
         first_seen: list[bool] = []
         hooks = [p.register_hook(lambda g, p=p, first_seen=first_seen: first_seen.append(p.grad is None))
                  for p in model.parameters()]
+        hint = ("a device may come as a string ('cpu') or as a torch.device: code that reads device.type needs "
+                "torch.device(device) first; otherwise run this case in your notebook to see where it fails"
+                if isinstance(device, str) else "run this case in your notebook: the traceback shows where")
         try:
-            got = accumulation_step(model, list(zip(x.split(sizes), y.split(sizes), strict=True)), opt,
-                                    torch.amp.GradScaler("cpu", enabled=False), loss_fn, device, torch.float32)
+            with calling(f"accumulation_step({label})", hint):
+                got = accumulation_step(model, list(zip(x.split(sizes), y.split(sizes), strict=True)), opt,
+                                        torch.amp.GradScaler("cpu", enabled=False), loss_fn, device, torch.float32)
         finally:
             for h in hooks:
                 h.remove()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, passed
+from course.checks import calling, check, expect_close, expect_equal, expect_raises, expect_type, passed
 from course.checks._amp_support import recorded_warnings
 from course.checks._parity_support import FLAG_NAMES, StopRun, flags, set_flags, spied_run
 from course.parity import parity_data
@@ -175,7 +175,10 @@ def check_parity_verdict(parity_verdict: Callable[..., Any]) -> None:
         kept: list = []
         for ref, amp, tolerance in _VERDICT_CASES:
             what = f"parity_verdict({ref!r}, {amp!r}" + ("" if tolerance is None else f", tolerance={tolerance}") + ")"
-            got = parity_verdict(ref, amp) if tolerance is None else parity_verdict(ref, amp, tolerance=tolerance)
+            single = "" if isinstance(ref, (list, tuple)) and isinstance(amp, (list, tuple)) else (
+                "a single run may come as one number: treat it as a list of one; ")
+            with calling(what, single + "accept lists, tuples and single numbers, as the docstring says"):
+                got = parity_verdict(ref, amp) if tolerance is None else parity_verdict(ref, amp, tolerance=tolerance)
             _expect_verdict(got, ref, amp, 0.5 if tolerance is None else tolerance, what)
             kept = kept or [got, dict(got), what]
         expect_equal(dict(kept[0]), kept[1], f"the verdict of {kept[2]}, read again after the later calls",
@@ -219,7 +222,7 @@ def check_all_finite(all_finite: Callable[..., Any]) -> None:
             return model
         return build
 
-    cases += [("a fresh model (no gradients yet)", _model, True, "a gradient that does not exist (None) is no problem"),
+    cases += [("no gradients yet (a fresh model)", _model, True, "a gradient that does not exist (None) is no problem"),
               ("NaN in the first weight", poke(0, "nan", index=6), False, "check the values of every parameter"),
               ("inf in the last bias", poke(3, "inf"), False, "look at every parameter, and treat inf like NaN"),
               ("-inf in the first bias", poke(1, "-inf"), False, "treat -inf like NaN too"),
@@ -239,7 +242,8 @@ def check_all_finite(all_finite: Callable[..., Any]) -> None:
         for what, build, want, hint in cases:
             model = build()
             before = [(p.detach().clone(), None if p.grad is None else p.grad.clone()) for p in model.parameters()]
-            got = all_finite(model)
+            with calling(f"all_finite(a model with {what})", hint):
+                got = all_finite(model)
             expect_type(got, bool, f"all_finite(a model with {what})", "return a Python bool, not a tensor")
             expect_equal(got, want, f"all_finite(a model with {what})", hint)
             for i, ((p0, g0), p) in enumerate(zip(before, model.parameters(), strict=True)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import random
 import tempfile
 import time
@@ -20,8 +21,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.checks import check, expect_close, expect_equal, expect_raises, expect_type, noting_warnings_in, passed
-from course.checks._profiling_traces import GPU_TRACE, GPU_TRACE_FIGURES, breakdown_of, percent_shown
+from course.checks import (
+    calling,
+    check,
+    expect_close,
+    expect_equal,
+    expect_raises,
+    expect_type,
+    noting_warnings_in,
+    passed,
+)
+from course.checks._profiling_traces import (
+    GPU_TRACE,
+    GPU_TRACE_FIGURES,
+    GPU_TRACE_MISTAKES,
+    breakdown_of,
+    percent_shown,
+)
 from course.ledger import Ledger, entry_point
 from course.simgpu import gpu_session, gpu_work
 
@@ -85,7 +101,11 @@ def check_profile_steps(profile_steps: Any) -> None:
                     "return the torch.profiler.profile object you profiled with")
         expect_equal(calls, ["load", "compute"] * 5, "the regions called for steps=2, wait=2, warmup=1",
                      "run wait + warmup + steps steps, each calling every region in order")
-        check(path.is_file(), f"no trace file at trace_path ({path.name}) after profile_steps",
+        stepped = getattr(prof, "step_num", 0)
+        check(path.is_file(), f"no trace file at trace_path ({path.name}) after profile_steps" + (
+              "; the profiler was never stepped" if not stepped else ""),
+              "call prof.step() at the end of every step: the schedule counts steps through it, and without it the "
+              "profiler stays in `wait`, records nothing and never calls on_trace_ready" if not stepped else
               "export the trace with prof.export_chrome_trace(trace_path), e.g. from on_trace_ready")
         trace = json.loads(path.read_text())
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
@@ -130,12 +150,16 @@ def check_time_breakdown(time_breakdown: Any) -> None:
                              hint="add up the durations of every range with that label, in ms (dur is in µs)")
         else:
             expect_type(got[key], float, f"'{key}'", "a float, in milliseconds")
-            expect_close(got[key], want, f"'{key}' of the hand-made trace", rel=1e-6, abs=1e-9,
-                         hint=_HINTS[key])
+            mistake = GPU_TRACE_MISTAKES.get(key, {})
+            hint = next((fix for value, fix in mistake.items() if math.isclose(got[key], value, rel_tol=1e-6)),
+                        _HINTS[key])
+            expect_close(got[key], want, f"'{key}' of the hand-made trace", rel=1e-6, abs=1e-9, hint=hint)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trace.json"
         path.write_text(json.dumps(GPU_TRACE))
-        from_file = time_breakdown(str(path))
+        with calling("time_breakdown(the path of a trace file, as a str)", "accept a path too (a str or a "
+                     "pathlib.Path): open the file and json.load it; a dict is the trace itself"):
+            from_file = time_breakdown(str(path))
         expect_equal(from_file, got, "the breakdown of the same trace read from a file path",
                      "accept a path too: open it and json.load it")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -248,13 +272,15 @@ def check_diagnose(diagnose: Any) -> None:
                 "on average")
         expect_type(got, tuple, f"{what}: the result", "return a tuple (verdict, evidence)")
         check(len(got) == 2, f"{what}: {len(got)} values came back", "return (verdict, evidence)")
-        expect_equal(got[0], verdict, what, _RULES)
+        expect_equal(got[0], verdict, what, _rule_broken(busy, synced, mean_us, verdict, got[0]))
         expect_type(got[1], str, f"{what}: the evidence", "a sentence (str) with the figures behind the verdict")
         check(percent_shown(got[1], busy), f"{what}: the evidence {got[1]!r} does not give the GPU's busy share "
               f"as a whole percentage ({busy:.0%})", "quote it, e.g. f'{busy:.0%}'")
         expect_equal(given, breakdown, f"{what}: the breakdown afterwards", "read the breakdown; never change it")
     copies_only = breakdown_of(0.3, 0.05, 0, 0.0, wall_ms=50.0)
-    got = diagnose(copies_only)
+    with calling("diagnose of a run with copies but no kernels (GPU busy 30%, host waiting 5%)",
+                 "with no kernels there is no mean kernel time (do not divide by 0): such a run is not launch-bound"):
+        got = diagnose(copies_only)
     expect_equal(got[0] if isinstance(got, tuple) else got, "input-bound",
                  "diagnose of a run with copies but no kernels (GPU busy 30%, host waiting 5%)",
                  "with no kernels there is no mean kernel time: the run is not launch-bound (and do not divide by 0)")
@@ -264,5 +290,25 @@ def check_diagnose(diagnose: Any) -> None:
     passed("diagnose follows the rules in order, on each side of every threshold, and quotes the busy share")
 
 
-_RULES = ("in this order: compute-bound when gpu_ms / wall_ms >= 0.8; else sync-bound when sync_ms / wall_ms >= "
-          "0.25; else launch-bound when the mean kernel (kernel_ms / kernels) is under 20 µs; else input-bound")
+def _rule_broken(busy: float, synced: float, mean_us: float, verdict: str, got: Any) -> str:
+    """The Fix for a wrong verdict: the one rule of the lesson's four (in their order) that decides this case, with
+    its figures."""
+    at = " (a share exactly at the threshold counts)"
+    if got not in ("compute-bound", "sync-bound", "launch-bound", "input-bound"):
+        return f"return the verdict {verdict!r} spelled exactly so: one of 'compute-bound', 'sync-bound', " \
+               "'launch-bound', 'input-bound'"
+    if verdict == "compute-bound":
+        return f"the GPU is busy {busy:.0%} of the wall time: gpu_ms / wall_ms >= 0.8 is compute-bound" + (
+            at if busy == 0.8 else ", and that rule comes first, before the host's waits")
+    if got == "compute-bound":
+        return f"the GPU is busy only {busy:.0%} of the wall time: compute-bound needs gpu_ms / wall_ms >= 0.8"
+    if verdict == "sync-bound":
+        return (f"the host waits {synced:.0%} of the wall time: sync_ms / wall_ms >= 0.25 is sync-bound"
+                + (at if synced == 0.25 else ", and that rule comes before the kernels' size"))
+    if got == "sync-bound":
+        return f"the host waits only {synced:.0%} of the wall time: sync-bound needs sync_ms / wall_ms >= 0.25"
+    if verdict == "launch-bound":
+        return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, in µs): under 20 µs is launch-bound, "
+                "when neither of the first two rules holds")
+    return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, converted to µs): launch-bound needs under "
+            "20 µs, so this run is input-bound (none of the first three rules holds)")

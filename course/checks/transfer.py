@@ -24,7 +24,13 @@ __all__ = ["check_copy_to_host", "check_make_loader", "check_to_device"]
 
 def _loader(make_loader: Callable, call: str, *args, **kwargs) -> DataLoader:
     __tracebackhide__ = True
-    loader = make_loader(*args, **kwargs)
+    try:
+        loader = make_loader(*args, **kwargs)
+    except ValueError as exc:
+        workers = "persistent_workers" in str(exc) or "num_workers" in str(exc)
+        check(False, f"{call} raised ValueError: {str(exc)[:200]}", "keep workers alive (persistent_workers) exactly "
+              "when there are some: the DataLoader refuses persistent workers with num_workers=0" if workers else
+              "pass the DataLoader only the options the docstring describes, with values it accepts")
     expect_type(loader, DataLoader, call, "return a torch.utils.data.DataLoader")
     return loader
 
