@@ -208,10 +208,61 @@ def _gives_away(fragment: str, line: str) -> bool:
         fragment in line and len(fragment) >= 0.6 * len(line) and bool(with_arguments)))
 
 
+NAMED = re.compile(r"([A-Za-z_][\w.]*)\s*\(|^\s*([A-Za-z_][\w.]*)\s*$")  # a call, or a code span that is one name
+PLAIN = {"abs", "all", "any", "bool", "dict", "enumerate", "float", "getattr", "hasattr", "int", "isinstance", "iter",
+         "len", "list", "max", "min", "next", "print", "range", "round", "set", "sorted", "str", "sum", "super",
+         "tuple", "type", "zip"}
+SEQUENCE = 3  # this many of the answer's calls, named in the answer's order, are its recipe (#35 item 3)
+
+
+def _called(code: str) -> list[str]:
+    """The functions and methods that `code` calls or names, in order, each once (the last part of a dotted name)."""
+    found = []
+    for line in code.splitlines():
+        for called, alone in NAMED.findall(line):
+            name = (called or alone).rsplit(".", 1)[-1]
+            if name not in PLAIN and name not in found:
+                found.append(name)
+    return found
+
+
+def _in_order(named: list[str], answer: list[str]) -> list[str]:
+    """The longest list of the answer's calls that `named` holds in the answer's order."""
+    best = [[[] for _ in range(len(answer) + 1)] for _ in range(len(named) + 1)]
+    for i in range(len(named) - 1, -1, -1):
+        for j in range(len(answer) - 1, -1, -1):
+            best[i][j] = [named[i], *best[i + 1][j + 1]] if named[i] == answer[j] else max(
+                best[i + 1][j], best[i][j + 1], key=len)
+    return best[0][0]
+
+
+def _recipe(hints: list[str], source: str) -> list[str]:
+    """The answer's API sequence, when the code in an exercise's hints names SEQUENCE or more of its calls in order."""
+    match = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S)
+    named: list[str] = []
+    for hint in hints:
+        for block, span in CODE.findall(hint):
+            named += [name for name in _called(block or span) if name not in named]
+    common = _in_order(named, _called(match.group(1) if match else source))
+    return common if len(common) >= SEQUENCE else []
+
+
+def test_the_hint_check_flags_an_api_sequence_and_a_line():
+    """The checks of the hint test fail on hints that hand over the answer: its calls in order, or one of its lines."""
+    source = ("def step(model, batch, optimizer, scaler):\n    ### BEGIN SOLUTION\n    optimizer.zero_grad()\n"
+              "    loss = model(batch).sum()\n    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n"
+              "    scaler.update()\n    ### END SOLUTION\n")
+    assert _recipe(["Call `zero_grad`, then `scaler.step(optimizer)` and `update()`."], source) == \
+        ["zero_grad", "step", "update"]
+    assert _recipe(["What must happen to the old gradients? Read [GradScaler](https://x)."], source) == []
+    assert any(_gives_away(_squash("scaler.scale(loss).backward()"), line) for line in _answer_lines(source))
+
+
 @pytest.mark.parametrize("assignment", nbtools.assignments(), ids=str)
 def test_hints_name_the_idea_not_the_answer(assignment: str):
     """One or two collapsible hints before each graded solution cell, the first with a link to read; no code in its
-    hints is a line of the answer (issue #25: hints that teach, not exercises in copying)."""
+    hints is a line of the answer (issue #25: hints that teach, not exercises in copying), and their code does not
+    name the answer's calls in its order (#35: an API sequence is the answer's recipe)."""
     problems, seen = [], 0
     for path in sorted((nbtools.SOLUTIONS / assignment).glob("*.ipynb")):
         nb = nbtools.read(path)
@@ -235,6 +286,8 @@ def test_hints_name_the_idea_not_the_answer(assignment: str):
             problems += sorted({f"{name}: a hint shows `{fragment}`, the answer's line `{line}`"
                                 for hint in hints for fragment in _hint_fragments(hint)
                                 for line in answer if _gives_away(fragment, line)})
+            if recipe := _recipe(hints, cell.source):
+                problems.append(f"{name}: its hints name the answer's calls in order ({', '.join(recipe)}): a recipe")
             hints = []
     assert seen, f"solutions/{assignment} has no graded function"
     assert not problems, f"{assignment}:\n  " + "\n  ".join(problems)
