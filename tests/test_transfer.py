@@ -1,8 +1,8 @@
 """course.transfer and notebook 02-transfer: the lesson's claims, its measurement helpers, and grading end to end.
 
-The three exercises (make_loader, to_device, copy_to_host) exist only in their solution cells; the notebook's own
-test cells and the mutation catalogue (tests/mutations/transfer.py) check them. GPU behaviour is checked on
-course.simgpu's simulated GPU; the real-GPU measurements have `gpu` tests of their own.
+The exercises (make_loader, to_device, copy_to_host, and the prediction predict_copy) exist only in their solution
+cells; the notebook's own test cells and the mutation catalogue (tests/mutations/transfer.py) check them. GPU
+behaviour is checked on course.simgpu's simulated GPU; the real-GPU measurements have `gpu` tests of their own.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.harness import load_catalogue, run_function_tests
 ASSIGNMENT = "02-transfer"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "transfer.ipynb"
 CATALOGUE = Path(__file__).parent / "mutations" / "transfer.py"
-GRADED = ("make_loader", "to_device", "copy_to_host")
+GRADED = ("predict_copy", "make_loader", "to_device", "copy_to_host")
 
 
 def test_pageable_non_blocking_copies_spare_the_host_the_wait():

@@ -16,10 +16,12 @@ from unittest import mock
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
-from course.checks import check, expect_equal, expect_type, noting_warnings, passed
+from course import transfer
+from course.checks import calling, check, expect_equal, expect_type, noting_warnings, passed
+from course.checks._predict import expect_prediction
 from course.simgpu import gpu_work, simulated_cuda
 
-__all__ = ["check_copy_to_host", "check_make_loader", "check_to_device"]
+__all__ = ["check_copy_to_host", "check_make_loader", "check_predict_copy", "check_to_device"]
 
 
 def _loader(make_loader: Callable, call: str, *args, **kwargs) -> DataLoader:
@@ -147,3 +149,23 @@ def check_copy_to_host(copy_to_host: Callable) -> None:
             expect_equal(first, torch.full((4, 3), 5.0), "the first result of copy_to_host(a GPU tensor), read again "
                          "after a second call with the same shape", kept)
     passed("copy_to_host returns data that is safe to read, and stays so")
+
+
+def check_predict_copy(predict_copy: Callable) -> None:
+    """predict_copy against copy rates: measured on this machine's GPU when it has one (as the lesson's cell does),
+    else the first recorded figure with both a pinned and a pageable rate."""
+    __tracebackhide__ = True
+    if torch.cuda.is_available():
+        figure = transfer.measure_h2d("cuda", size_mib=16)
+    else:
+        figure = next(f for f in transfer.RECORDED_H2D if f.ratio)
+    measured = "pinned" if figure.ratio > 1.2 else "pageable" if figure.ratio < 1 / 1.2 else "same"
+    with calling("predict_copy()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_copy()
+    expect_prediction(predicted, {"pinned": "pinned copies faster", "pageable": "pageable copies faster",
+                                  "same": "within 20 % of each other"}, measured,
+                      f"on the {figure.gpu} pinned copies ran at {figure.pinned_gbps} GB/s and pageable ones at "
+                      f"{figure.pageable_gbps} GB/s ({figure.ratio:.1f}x)",
+                      "a copy from pageable memory is two copies: the driver first copies the data into a pinned "
+                      "staging buffer on the host, then the copy engine reads that; from pinned memory the engine "
+                      "reads the data where it is, once (section 2)")

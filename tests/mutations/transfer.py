@@ -186,3 +186,16 @@ def to_device(batch, device):
 """), (_CPU, "    return tensor.detach().clone()")),
             "a new pinned buffer for every call, the current stream waited for, a CPU tensor cloned"),
 ]
+
+_PREDICTED = 'return "pinned"  # one copy by the DMA engine, against a staging copy on the host and then that copy'
+VARIANTS += [
+    Variant("predict_copy", "pageable", True, changed(NB, "predict_copy", (_PREDICTED, 'return "pageable"')),
+            "expects the familiar, ordinary memory to be the fast road"),
+    Variant("predict_copy", "same", True, changed(NB, "predict_copy", (_PREDICTED, 'return "same"')),
+            "expects the bus alone to decide, whatever the host memory"),
+    Variant("predict_copy", "capitalised", True, changed(NB, "predict_copy", (_PREDICTED, 'return "Pinned"')),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_copy", "from_a_name", False, changed(NB, "predict_copy", (_PREDICTED, 'answer = "pinned"\n'
+                                                                                         '    return answer')),
+            "the same choice, kept in a variable first"),
+]
