@@ -12,7 +12,7 @@ from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
 
 ASSIGNMENT = "01-device"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "device.ipynb"
-GRADED = {"pick_device", "describe_device", "DeviceSafeNet", "smoke_test"}
+GRADED = {"pick_device", "predict_bf16", "describe_device", "DeviceSafeNet", "smoke_test"}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,16 @@ def test_the_t4_bf16_claim_holds_on_the_simulated_t4():
         assert torch.cuda.is_bf16_supported() is True
         assert torch.cuda.is_bf16_supported(including_emulation=False) is False
         assert torch.cuda.get_device_capability() < (8, 0)
+
+
+def test_the_bf16_prediction_is_asked_before_the_answer_and_held_against_the_measurement(nb):
+    """#35: predict_bf16 comes before the text that answers it and the cell that asks the simulated T4; its test
+    cell comes right after that cell."""
+    where = {grade_id(c): i for i, c in enumerate(nb.cells)}
+    trap = next(i for i, c in enumerate(nb.cells) if "**The bf16 trap.**" in c.source)
+    measured = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "simulated_cuda(\"T4\"" in c.source
+                    and "is_bf16_supported()" in c.source and not nbgrader_meta(c))
+    assert where["predict_bf16"] < trap < measured and where["test_predict_bf16"] == measured + 1
 
 
 @pytest.mark.skipif(not hasattr(torch, "accelerator"), reason="torch.accelerator arrived in torch 2.6")

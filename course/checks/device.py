@@ -28,10 +28,14 @@ from course.checks import (
     noting_warnings,
     passed,
 )
+from course.checks._predict import expect_prediction
 from course.ledger import Ledger, entry_point
 from course.simgpu import simulated_cuda
 
-__all__ = ["Recorder", "check_describe_device", "check_device_safe_net", "check_pick_device", "check_smoke_test"]
+__all__ = [
+    "Recorder", "check_describe_device", "check_device_safe_net", "check_pick_device", "check_predict_bf16",
+    "check_smoke_test",
+]
 
 
 @contextlib.contextmanager
@@ -136,6 +140,23 @@ def check_pick_device(pick_device: Callable) -> None:
 
 
 _KEYS = {"type", "name", "capability", "total_memory_gib", "bf16_native"}
+
+
+def check_predict_bf16(predict_bf16: Callable) -> None:
+    """predict_bf16 against what torch.cuda.is_bf16_supported() answers on a simulated T4, asked here as the
+    lesson's cell asks it (with no arguments, and with including_emulation=False for contrast)."""
+    __tracebackhide__ = True
+    with simulated_cuda("T4", replace_real=True):
+        name, capability = torch.cuda.get_device_name(), tuple(torch.cuda.get_device_capability())
+        answer, native = torch.cuda.is_bf16_supported(), torch.cuda.is_bf16_supported(including_emulation=False)
+    with calling("predict_bf16()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_bf16()
+    expect_prediction(predicted, {"true": "it says the T4 supports bf16", "false": "it says the T4 does not"},
+                      str(bool(answer)).lower(),
+                      f"on the {name}, capability {'.'.join(map(str, capability))}, torch.cuda.is_bf16_supported() "
+                      f"returned {answer}, and {native} with including_emulation=False",
+                      "the function's default, including_emulation=True, counts bf16 that works through slow "
+                      "emulation, without bf16 hardware; native bf16 means capability >= (8, 0) (section 4)")
 
 
 def _described(describe_device: Callable, device: Any, call: str) -> dict:

@@ -267,3 +267,17 @@ VARIANTS = [
          '"finite": not bool(torch.isnan(out).any() or torch.isinf(out).any()),')),
             "set_grad_enabled(False) and back, and NaN and infinity tested apart"),
 ]
+
+_PREDICTED = ('return "true"  # its default including_emulation=True counts bf16 that works without bf16 hardware, '
+              'as on a T4')
+VARIANTS += [
+    Variant("predict_bf16", "false", True, changed(NB, "predict_bf16", (_PREDICTED, 'return "false"')),
+            "reads the function's name as 'does this GPU have bf16 hardware?', as the table's 'no' suggests"),
+    Variant("predict_bf16", "capitalised", True, changed(NB, "predict_bf16", (_PREDICTED, 'return "True"')),
+            "the right idea, spelled as Python prints the bool: not one of the choices the docstring names"),
+    Variant("predict_bf16", "a_bool", True, changed(NB, "predict_bf16", (_PREDICTED, "return True")),
+            "the right idea, as the bool the function itself returns, not the string the docstring asks for"),
+    Variant("predict_bf16", "from_the_bool", False, changed(NB, "predict_bf16", (_PREDICTED,
+                                                                                 "return str(True).lower()")),
+            "the same choice, spelled from the bool"),
+]
