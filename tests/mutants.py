@@ -9,7 +9,8 @@ by operators that mirror learners' mistakes, applied one at a time to the soluti
 - condition_negated: an `if`, `while` or conditional expression tests the opposite;
 - comparison_shifted: `<` and `<=`, `>` and `>=`, `==` and `!=`, `is` and `is not`, `in` and `not in` swap;
 - arithmetic_swapped: `+` and `-`, `*` and `/`, `//` and `/` swap;
-- constant_changed: a number changes (0 and 1 swap, others double), `True` and `False` swap;
+- constant_changed: a number changes (0 and 1 swap, others double), `True` and `False` swap, a returned string is
+  upper-cased (a prediction's choice becomes none of the choices);
 - arguments_swapped: the first two positional arguments of a call swap;
 - default_used: a parameter is ignored, its default used in its place;
 - is_built: `is_available` becomes `is_built`, and the reverse.
@@ -193,6 +194,8 @@ def _edits(tree: ast.AST, source: str) -> Iterator[tuple[str, ast.AST, str]]:
             value = node.value
             changed = (not value) if isinstance(value, bool) else (1 - value if value in (0, 1) else value * 2)
             yield "constant_changed", node, repr(changed)
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Constant) and type(node.value.value) is str:
+            yield "constant_changed", node.value, repr(node.value.value.upper())  # a prediction's choice
         if isinstance(node, ast.Attribute) and node.attr in ("is_available", "is_built"):
             other = "is_built" if node.attr == "is_available" else "is_available"
             yield "is_built", node, f"{ast.get_source_segment(source, node.value)}.{other}"
