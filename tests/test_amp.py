@@ -331,7 +331,7 @@ def _hidden_parts(name: str) -> tuple[str, str]:
     raise AssertionError(f"no test cell of {NOTEBOOK.name} defines __judge_{name}")
 
 
-JUDGED = ("amp_dtype", "make_scaler", "amp_train_step", "amp_train_step_scaler")
+JUDGED = ("predict_tiny_gradient", "amp_dtype", "make_scaler", "amp_train_step", "amp_train_step_scaler")
 # As the course's grader runs a judge: in a process of its own, from the observations' JSON text, with no learner
 # code and no simulated GPU. Reads [[name, judge source, observations text], ...] on stdin; prints one verdict a case.
 _JUDGES_ALONE = """
@@ -359,7 +359,7 @@ def _observations(name: str, variant: str | None = None) -> str:
     from tests.harness import named_variant
 
     ns: dict = {"torch": torch, "nn": nn, "__name__": "__main__"}
-    for function in ("amp_dtype", "make_scaler", "amp_train_step"):
+    for function in ("predict_tiny_gradient", "amp_dtype", "make_scaler", "amp_train_step"):
         source = solution_cell("04-amp/amp.ipynb", function)
         if variant is not None:
             [v] = named_variant("amp", variant)
@@ -378,7 +378,8 @@ def test_the_judges_decide_in_a_process_of_their_own_from_the_observations_alone
     import subprocess
     import sys
 
-    wrong = [("make_scaler", "growth_interval_disabled"), ("amp_train_step_scaler", "optimizer_step_directly")]
+    wrong = [("predict_tiny_gradient", "inf"), ("make_scaler", "growth_interval_disabled"),
+             ("amp_train_step_scaler", "optimizer_step_directly")]
     cases = [(name, None) for name in JUDGED] + wrong
     payload = [[name, _hidden_parts(name)[1], _observations(name, variant)] for name, variant in cases]
     done = subprocess.run([sys.executable, "-c", _JUDGES_ALONE], input=json.dumps(payload), text=True,

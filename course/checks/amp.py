@@ -1,5 +1,5 @@
-"""The visible checks of 04-amp: `check_amp_dtype`, `check_make_scaler`, `check_amp_train_step` and
-`check_amp_train_step_scaler`, one call per test cell.
+"""The visible checks of 04-amp: `check_predict_tiny_gradient`, `check_amp_dtype`, `check_make_scaler`,
+`check_amp_train_step` and `check_amp_train_step_scaler`, one call per test cell.
 
 Introduced in 04-amp. Each check takes the learner's function and tries every behaviour its docstring and the
 lesson state, on the CPU and on simulated GPUs (course.simgpu); expectations come from torch's documented behaviour
@@ -8,12 +8,13 @@ more, on inputs a learner cannot tune to.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from course.checks import check, expect_close, expect_equal, expect_type, passed
+from course.checks import calling, check, expect_close, expect_equal, expect_type, passed
 from course.checks._amp_support import (
     CPU,
     LegacySGD,
@@ -26,12 +27,33 @@ from course.checks._amp_support import (
     seeded_batch,
     settings,
 )
+from course.checks._predict import expect_prediction
 from course.simgpu import simulated_cuda
 
-__all__ = ["check_amp_dtype", "check_make_scaler", "check_amp_train_step", "check_amp_train_step_scaler"]
+__all__ = ["check_predict_tiny_gradient", "check_amp_dtype", "check_make_scaler", "check_amp_train_step",
+           "check_amp_train_step_scaler"]
 
 _RULE = ("bf16 from compute capability 8.0 on, fp16 below, whatever torch.cuda.is_bf16_supported() says: compare "
          "the whole (major, minor) capability with (8, 0) (section 4)")
+
+
+def check_predict_tiny_gradient(predict_tiny_gradient: Callable[[], Any]) -> None:
+    """predict_tiny_gradient against the lesson's measurement, made again here: 1e-8 stored in float16 on this
+    machine's CPU (as section 2's cell stores it), beside fp16's smallest positive number from torch.finfo."""
+    __tracebackhide__ = True
+    stored = torch.tensor(1e-8).to(torch.float16).item()
+    fp16 = torch.finfo(torch.float16)
+    measured = "zero" if stored == 0 else "inf" if math.isinf(stored) else "kept"
+    with calling("predict_tiny_gradient()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_tiny_gradient()
+    expect_prediction(predicted, {"kept": "a small non-zero number, about 1e-8", "zero": "0: it underflows",
+                                  "inf": "infinity"}, measured,
+                      f"torch.tensor(1e-8).to(torch.float16) holds {stored:g}, and fp16's smallest positive number "
+                      f"(its smallest subnormal) is {fp16.tiny * fp16.eps:.3g}",
+                      "fp16's 5 exponent bits reach down only to its smallest subnormal, about 6e-8 (section 2's "
+                      "table), and a conversion rounds to the nearest number the format has: below half of that, "
+                      "that number is 0, and the gradient is lost (infinity is what numbers too large for fp16 "
+                      "become); section 5 shows what this does to training, and the fix")
 
 
 def check_amp_dtype(amp_dtype: Callable[..., Any]) -> None:

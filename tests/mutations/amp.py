@@ -206,3 +206,16 @@ VARIANTS = [
         "    model.to(dtype)\n    optimizer.zero_grad(set_to_none=True)\n")),
         "casts the model to the 16-bit dtype: the master weights are no longer fp32"),
 ]
+
+_PREDICTED = 'return "zero"  # below half of fp16\'s smallest subnormal (about 6e-8), so 0 is the nearest fp16 number'
+VARIANTS += [
+    Variant("predict_tiny_gradient", "kept", True, changed(NB, "predict_tiny_gradient", (_PREDICTED, 'return "kept"')),
+            "expects fp16's subnormal numbers to reach any small value, with fewer digits"),
+    Variant("predict_tiny_gradient", "inf", True, changed(NB, "predict_tiny_gradient", (_PREDICTED, 'return "inf"')),
+            "confuses underflow with overflow: a number too small for the format with one too large"),
+    Variant("predict_tiny_gradient", "capitalised", True, changed(NB, "predict_tiny_gradient",
+                                                                  (_PREDICTED, 'return "Zero"')),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_tiny_gradient", "from_a_name", False, changed(NB, "predict_tiny_gradient", (
+        _PREDICTED, 'answer = "zero"\n    return answer')), "the same choice, kept in a variable first"),
+]
