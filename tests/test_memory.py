@@ -21,7 +21,8 @@ from tests.mutations import solution_cell
 
 ASSIGNMENT = "07-memory"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "memory.ipynb"
-GRADED = ["training_memory", "peak_memory", "find_max_batch", "accumulation_step", "CheckpointedMLP"]
+GRADED = ["training_memory", "peak_memory", "predict_peak", "find_max_batch", "accumulation_step", "CheckpointedMLP"]
+PREDICTIONS = {"predict_peak": "def sweep("}  # a prediction's test cell follows the cell that measures it
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,8 @@ def test_peak_plot_draws_the_fits_the_capacity_and_the_failures():
 
 # ---- the notebook ---------------------------------------------------------------------------------------------------
 def test_cell_layout_and_graded_cells(nb):
-    """Title, Colab cell and setup first; each solution cell is followed by its test cell; a summary at the end."""
+    """Title, Colab cell and setup first; each solution cell is followed by its test cell (a prediction's by the
+    measurement, then its test cell); a summary at the end."""
     assert nb.cells[0].cell_type == "markdown" and "colab-badge.svg" in nb.cells[0].source
     assert "exercises/07-memory/memory.ipynb" in nb.cells[0].source
     assert [grade_id(c) for c in nb.cells[1:3]] == ["colab_setup", "setup"]
@@ -90,6 +92,10 @@ def test_cell_layout_and_graded_cells(nb):
         at = ids.index(function)
         assert nbgrader_meta(nb.cells[at]).get("solution")
         assert f"def {function}(" in nb.cells[at].source or f"class {function}(" in nb.cells[at].source
+        if function in PREDICTIONS:
+            measured = next(i for i, c in enumerate(nb.cells) if PREDICTIONS[function] in c.source)
+            assert at < measured, f"{function}: the prediction comes before the measurement"
+            at = measured
         test = nb.cells[at + 1]
         assert grade_id(test) == f"test_{function}" and nbgrader_meta(test).get("points", 0) > 0
         assert test.source.startswith('"""Check ') and "### BEGIN HIDDEN TESTS" in test.source
@@ -170,6 +176,21 @@ def test_worked_example_fits_at_32_and_64_and_runs_out_of_memory_at_96(lessons):
     assert peaks[0] is not None and peaks[1] is not None and peaks[2] is None
     assert peaks[0] < peaks[1] < lessons["BUDGET"]
     assert 64 <= lessons["largest_batch"]() < 96
+
+
+def test_the_peak_grows_less_than_double_from_32_to_64(lessons, nb):
+    """predict_peak's answer, re-measured with the notebook's own sweep: the fixed part (weights, Adam's state,
+    cuBLAS's workspace) keeps batch 64's peak under 1.9 times batch 32's; the visible check measures the same peaks,
+    and the judge quotes them."""
+    from course.checks._memory_cases import worked_example_peaks
+    from course.simgpu.memory import format_size
+
+    peaks = lessons["sweep"]([32, 64])
+    before, measured = worked_example_peaks([32, 64])
+    assert measured == peaks and peaks[1] / peaks[0] < 1.9
+    judge = next(c.source for c in nb.cells if grade_id(c) == "test_predict_peak")
+    for figure in (format_size(peaks[0]), format_size(peaks[1]), f"{peaks[1] / peaks[0]:.2f}x", format_size(before)):
+        assert figure in judge, figure
 
 
 def test_the_cures_fit_what_did_not(lessons):

@@ -1,19 +1,21 @@
 """The seeded models, data and stand-ins that 07-memory's visible checks (course.checks.memory) run on, and their
-comparison of an accumulated step with one plain SGD step on the whole batch, and the Fix for a wrong optimizer
-figure of training_memory, found by measuring what each typical mistake would give.
+comparison of an accumulated step with one plain SGD step on the whole batch, the Fix for a wrong optimizer
+figure of training_memory, found by measuring what each typical mistake would give, and the worked example's peaks
+on the simulated T4 that predict_peak is held against.
 
 Nothing here answers an exercise: these are the inputs of the checks and the reference they compare with.
 """
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from course.checks import check, expect_close, expect_type
+from course.simgpu import simulated_cuda
 
 MIB_FLOATS = 1024 ** 2 // 4  # float32 elements in one MiB
 
@@ -146,3 +148,28 @@ def optimizer_mistake(model: nn.Module, optimizer: str, dtype: torch.dtype, mast
                      "only trainable parameters get an fp32 master copy: frozen ones are never stepped")]
     fixes = [fix for matched, fix in mistakes if matched]  # two mistakes can give the same figure: name both
     return "; or: ".join(fixes) or None
+
+
+def worked_example_peaks(batch_sizes: Sequence[int]) -> tuple[int, list[int]]:
+    """Section 3's worked example, measured as the lesson measures it: two blocks Linear(16, 1024), GELU,
+    Linear(1024, 16) on 32 tokens per sample, trained with Adam on the 64 MiB simulated T4. Returns the bytes
+    allocated before the measured steps (after a first step, which creates Adam's state and cuBLAS's workspace) and
+    the peak bytes allocated during one training step per batch size."""
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(16, 1024), nn.GELU(), nn.Linear(1024, 16)) for _ in range(2)]
+    with simulated_cuda("T4", memory=64 * 1024 ** 2, replace_real=True) as sim:
+        model = nn.Sequential(*blocks).to(sim.device)
+        optimizer = torch.optim.Adam(model.parameters())
+
+        def step(size: int) -> None:
+            model(torch.randn(size, 32, 16, device=sim.device)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        step(1)
+        before, peaks = torch.cuda.memory_allocated(), []
+        for size in batch_sizes:
+            torch.cuda.reset_peak_memory_stats()
+            step(size)
+            peaks.append(torch.cuda.max_memory_allocated())
+    return before, peaks

@@ -41,11 +41,14 @@ from course.checks._memory_cases import (
     small_classifier,
     targets_data,
     whole_batch_step,
+    worked_example_peaks,
 )
+from course.checks._predict import expect_prediction
 from course.simgpu import simulated_cuda
+from course.simgpu.memory import format_size
 
-__all__ = ["check_training_memory", "check_peak_memory", "check_find_max_batch", "check_accumulation_step",
-           "check_CheckpointedMLP"]
+__all__ = ["check_training_memory", "check_peak_memory", "check_predict_peak", "check_find_max_batch",
+           "check_accumulation_step", "check_CheckpointedMLP"]
 
 _HINTS = {"weights": "count every parameter once, at dtype's element size",
           "grads": "count the trainable parameters (requires_grad) only, at dtype's element size",
@@ -157,6 +160,25 @@ def check_peak_memory(peak_memory: Callable[..., Any]) -> None:
     check("cpu" in str(error), f"the error for 'cpu' was {str(error)!r}",
           "say which device has no memory statistics (cpu)")
     passed("peak_memory reports the peak inside fn, after an earlier higher peak, and refuses the CPU")
+
+
+def check_predict_peak(predict_peak: Callable[..., Any]) -> None:
+    """predict_peak against the worked example's peaks at batch 32 and batch 64, measured again here as section 3
+    measures them (one Adam step of the two blocks on the 64 MiB simulated T4)."""
+    __tracebackhide__ = True
+    before, (small, large) = worked_example_peaks([32, 64])
+    ratio = large / small
+    measured = "less-than-double" if ratio < 1.9 else "more-than-double" if ratio > 2.1 else "doubles"
+    with calling("predict_peak()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_peak()
+    expect_prediction(predicted, {"doubles": "twice the peak at batch 32, within 5 %",
+                                  "less-than-double": "less than 1.9 times the peak at batch 32",
+                                  "more-than-double": "more than 2.1 times the peak at batch 32"}, measured,
+                      f"one training step peaked at {format_size(small)} with batch 32 and at {format_size(large)} "
+                      f"with batch 64 ({ratio:.2f}x), {format_size(before)} of it allocated before the step began",
+                      "only the activations (and their gradients in the backward pass) grow with the batch; the "
+                      "weights, the gradients of the weights, Adam's state and cuBLAS's workspace do not (section 1's "
+                      "table, and the 8 MiB the first matmul takes): doubling the batch doubles only part of the peak")
 
 
 def check_find_max_batch(find_max_batch: Callable[..., Any]) -> None:

@@ -262,3 +262,21 @@ class CheckpointedMLP(nn.Module):
                    "x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)")),
             "the blocks draw no random numbers: not preserving the RNG state changes nothing"),
 ]
+
+_PREDICTED = ('return "less-than-double"  # weights, Adam\'s state and cuBLAS\'s workspace stay; only the activations '
+              'double')
+VARIANTS += [
+    Variant("predict_peak", "doubles", True, changed(NB, "predict_peak", (_PREDICTED, 'return "doubles"')),
+            "expects the batch to decide every byte, forgetting the fixed part"),
+    Variant("predict_peak", "more_than_double", True,
+            changed(NB, "predict_peak", (_PREDICTED, 'return "more-than-double"')),
+            "expects the allocator's rounding or the backward pass's temporaries to grow faster than the batch"),
+    Variant("predict_peak", "spaces", True, changed(NB, "predict_peak", (_PREDICTED, 'return "less than double"')),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_peak", "capitalised", True,
+            changed(NB, "predict_peak", (_PREDICTED, 'return "Less-than-double"')),
+            "the right idea, capitalised: not one of the choices"),
+    Variant("predict_peak", "joined", False, changed(NB, "predict_peak", (_PREDICTED, 'return "-".join(["less", '
+                                                                                      '"than", "double"])')),
+            "the same choice, built from its words"),
+]
