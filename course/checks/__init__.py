@@ -368,7 +368,8 @@ def expect_raises(
 
 @contextlib.contextmanager
 def calling(what: str, hint: str) -> Iterator[None]:
-    """Around a call of the learner's code: an error it raises (other than a failed check) fails as one line,
+    """Around a call of the learner's code: an error it raises (other than a failed check, or NotImplementedError from
+    an exercise not written yet, which `graded` reports) fails as one line,
     "✗ {what} raised {type}: {message}. Fix: {hint}", naming the case the check was trying instead of showing a
     traceback from inside the check. `hint` should name the mistake that case reveals. Used by every notebook."""
     __tracebackhide__ = True
@@ -376,8 +377,8 @@ def calling(what: str, hint: str) -> Iterator[None]:
         yield
     except Exception as exc:  # noqa: BLE001 - the learner's error, told as the case that caused it
         text = str(exc).splitlines()[0] if str(exc) else ""
-        if isinstance(exc, AssertionError) and text.startswith("✗"):
-            raise
+        if isinstance(exc, NotImplementedError) or (isinstance(exc, AssertionError) and text.startswith("✗")):
+            raise  # an exercise not written yet is `graded`'s to say; a failed check says it all
         _fail(f"{what} raised {type_name(type(exc))}" + (f": {text[:300]}" if text else ""), hint, quiet_cause=True)
 
 
