@@ -1,14 +1,16 @@
 """What the checks of course.checks.parity share: torch's global determinism flags, and one spied run of the
-learner's train_and_evaluate that records what each training step received and what the evaluation predicted.
-Not taught in a lesson."""
+learner's train_and_evaluate that records what each training step received and what the evaluation predicted, and a
+short fp32 run of the checks' own, for the prediction about seeds. Not taught in a lesson."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from course.checks import check, expect_close, expect_type
+from course.parity import parity_data, parity_loaders, parity_model
 
 FLAG_NAMES = ("torch.are_deterministic_algorithms_enabled()", "its warn_only", "torch.backends.cudnn.benchmark",
               "torch.backends.cudnn.deterministic")
@@ -39,6 +41,24 @@ def _plain_step(model, batch, optimizer, scaler, loss_fn, device, dtype) -> floa
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+def seeded_fp32_accuracy(seed: int) -> float:
+    """One epoch of plain fp32 training of parity_model on the digits, on the CPU, with everything random drawn from
+    `seed` (the initial weights and the order of the batches); the validation accuracy in %. Torch's global generator
+    is left as it was."""
+    data = parity_data("digits")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = parity_model(data)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for batch in parity_loaders(data, seed)[0]:
+            _plain_step(model, batch, optimizer, None, nn.CrossEntropyLoss(), "cpu", torch.float32)
+    model.eval()
+    inputs, targets = data.val.tensors
+    with torch.no_grad():
+        correct = int((model(inputs).argmax(dim=1) == targets).sum())
+    return 100.0 * correct / len(targets)
 
 
 def spied_run(train_and_evaluate: Callable[..., Any], precision: str, seed: int, epochs: int, device,

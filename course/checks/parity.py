@@ -1,5 +1,5 @@
-"""The visible checks of 05-parity: `check_set_seed`, `check_train_and_evaluate`, `check_parity_verdict` and
-`check_all_finite`, one call per test cell.
+"""The visible checks of 05-parity: `check_set_seed`, `check_train_and_evaluate`, `check_predict_other_seed`,
+`check_parity_verdict` and `check_all_finite`, one call per test cell.
 
 Introduced in 05-parity. Each check takes the learner's function and tries every behaviour its docstring and the
 lesson state; expectations come from generators seeded here, from the statistics module or from the values the
@@ -19,11 +19,13 @@ from torch import nn
 
 from course.checks import calling, check, expect_close, expect_equal, expect_raises, expect_type, passed
 from course.checks._amp_support import recorded_warnings
-from course.checks._parity_support import FLAG_NAMES, StopRun, flags, set_flags, spied_run
+from course.checks._parity_support import FLAG_NAMES, StopRun, flags, seeded_fp32_accuracy, set_flags, spied_run
+from course.checks._predict import expect_prediction
 from course.parity import parity_data
 from course.simgpu import simulated_cuda
 
-__all__ = ["check_set_seed", "check_train_and_evaluate", "check_parity_verdict", "check_all_finite"]
+__all__ = ["check_set_seed", "check_train_and_evaluate", "check_predict_other_seed", "check_parity_verdict",
+           "check_all_finite"]
 
 
 def _draws() -> dict:
@@ -136,6 +138,27 @@ def check_train_and_evaluate(train_and_evaluate: Callable[..., Any]) -> None:
                       hint="raise ValueError for a precision that is not one of the names in PRECISIONS")
     passed(f"fp32, one epoch: {acc:.2f} % of {len(targets)} validation images, repeatable, with every promise of the "
            "docstring kept")
+
+
+def check_predict_other_seed(predict_other_seed: Callable[..., Any]) -> None:
+    """predict_other_seed against fp32 runs made here on the CPU (one epoch on the digits each, from seeds 0, 1 and 2,
+    and seed 0 once more): the accuracies of the different seeds, as they came out."""
+    __tracebackhide__ = True
+    accs = {seed: seeded_fp32_accuracy(seed) for seed in (0, 1, 2)}
+    again = seeded_fp32_accuracy(0)
+    measured = "different" if len(set(accs.values())) > 1 else "identical"
+    with calling("predict_other_seed()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_other_seed()
+    expect_prediction(predicted, {"identical": "the same accuracy from every seed",
+                                  "gpu-only": "the same on a CPU; different only on a GPU, from its kernels",
+                                  "different": "another accuracy from another seed, on any device"}, measured,
+                      "one epoch of fp32 training on the CPU gave " + ", ".join(
+                          f"{acc:.2f} % from seed {seed}" for seed, acc in accs.items())
+                      + f" (and {again:.2f} % from seed 0 again)",
+                      "the seed decides every random number of a run: the initial weights and the order of the "
+                      "training batches; another seed trains another model, on a CPU as on a GPU. Non-deterministic "
+                      "GPU kernels are a second, separate source of differences (section 2). So one pair of runs "
+                      "cannot tell the precision's effect from the seed's (section 4)")
 
 
 _VERDICT_CASES = (  # (ref, amp, tolerance or None for the default): both sides of each boundary, exact in binary

@@ -282,3 +282,22 @@ def all_finite(model: nn.Module) -> bool:
         ("if not bool(torch.isfinite(param).all()):", "if not torch.isfinite(param).all():")),
         "a 0-d tensor in an if is fine: the function still returns Python bools"),
 ]
+
+_PREDICTED = ('return "different"  # the seed picks the initial weights and the batch order: another seed trains '
+              'another model')
+
+
+def _predict(new: str) -> str:
+    return changed(NB, "predict_other_seed", (_PREDICTED, new))
+
+
+VARIANTS += [
+    Variant("predict_other_seed", "identical", True, _predict('return "identical"'),
+            "expects training to reach the same model from any random start"),
+    Variant("predict_other_seed", "gpu_only", True, _predict('return "gpu-only"'),
+            "takes the seed for a determinism switch: expects only the GPU's kernels to make runs differ"),
+    Variant("predict_other_seed", "capitalised", True, _predict('return "Different"'),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_other_seed", "from_a_name", False, _predict('answer = "different"\n    return answer'),
+            "the same choice, kept in a variable first"),
+]
