@@ -1,9 +1,9 @@
 """Notebook 03-throughput: its structure, fair test cells, and a real nbgrader round trip (solution: full marks;
 exercise: zero).
 
-The timer it teaches is the learner's exercise (time_gpu); tests/test_timing.py checks the lesson's timing claims
-with its solution cell. The mutation catalogue in tests/mutations/throughput.py checks that the hidden tests catch
-the typical mistakes.
+The timer it teaches is the learner's exercise (time_gpu), after a graded prediction of what an unsynchronised
+stopwatch reads (predict_stopwatch); tests/test_timing.py checks the lesson's timing claims with its solution cell.
+The mutation catalogue in tests/mutations/throughput.py checks that the hidden tests catch the typical mistakes.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.harness import graded_functions
 ASSIGNMENT = "03-throughput"
 NOTEBOOK = nbtools.SOLUTIONS / ASSIGNMENT / "throughput.ipynb"
 COLAB_CELL = Path("/work/brief/colab_cell.py")
-GRADED = ["time_gpu", "measure_throughput", "train_throughput"]
+GRADED = ["predict_stopwatch", "time_gpu", "measure_throughput", "train_throughput"]
 
 
 def _cells():

@@ -287,3 +287,17 @@ TRAIN = [
 ]
 
 VARIANTS = TIME_GPU + MEASURE + TRAIN
+
+_PREDICTED = 'return "lower"  # the call returns once its kernel is queued: the stopwatch times the launch'
+VARIANTS += [
+    Variant("predict_stopwatch", "about_the_same", True, changed(NB, "predict_stopwatch",
+                                                                 (_PREDICTED, 'return "about-the-same"')),
+            "expects the call to return when its work is done, as a CPU call does"),
+    Variant("predict_stopwatch", "higher", True, changed(NB, "predict_stopwatch", (_PREDICTED, 'return "higher"')),
+            "expects Python's overhead around the call to add to the GPU's time"),
+    Variant("predict_stopwatch", "capitalised", True, changed(NB, "predict_stopwatch", (_PREDICTED, 'return "Lower"')),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_stopwatch", "from_a_dict", False, changed(NB, "predict_stopwatch", (_PREDICTED, (
+        'queued = {"returns when": "queued", "stopwatch": "lower"}\n    return queued["stopwatch"]'))),
+            "the same choice, looked up in a dict first"),
+]
