@@ -151,25 +151,22 @@ def optimizer_mistake(model: nn.Module, optimizer: str, dtype: torch.dtype, mast
 
 
 def worked_example_peaks(batch_sizes: Sequence[int]) -> tuple[int, list[int]]:
-    """Section 3's worked example, measured as the lesson measures it: two blocks Linear(16, 1024), GELU,
-    Linear(1024, 16) on 32 tokens per sample, trained with Adam on the 64 MiB simulated T4. Returns the bytes
-    allocated before the measured steps (after a first step, which creates Adam's state and cuBLAS's workspace) and
-    the peak bytes allocated during one training step per batch size."""
-    torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(16, 1024), nn.GELU(), nn.Linear(1024, 16)) for _ in range(2)]
-    with simulated_cuda("T4", memory=64 * 1024 ** 2, replace_real=True) as sim:
-        model = nn.Sequential(*blocks).to(sim.device)
-        optimizer = torch.optim.Adam(model.parameters())
-
-        def step(size: int) -> None:
-            model(torch.randn(size, 32, 16, device=sim.device)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        step(1)
-        before, peaks = torch.cuda.memory_allocated(), []
-        for size in batch_sizes:
-            torch.cuda.reset_peak_memory_stats()
-            step(size)
+    """Section 3's worked example: two blocks Linear(16, 1024), GELU, Linear(1024, 16) on 32 tokens per sample,
+    trained with Adam on the 64 MiB simulated T4. Returns the bytes allocated before the measured step (after a first
+    step of one sample, which creates Adam's state and cuBLAS's workspace) and, per batch size, the highest allocation
+    of a fresh simulated GPU that ran that first step and then one step of the batch (a fresh GPU per size: its
+    highest allocation is that step's peak, with nothing to reset)."""
+    before, peaks = 0, []
+    for size in batch_sizes:
+        torch.manual_seed(0)
+        blocks = [nn.Sequential(nn.Linear(16, 1024), nn.GELU(), nn.Linear(1024, 16)) for _ in range(2)]
+        with simulated_cuda("T4", memory=64 * 1024 ** 2, replace_real=True) as sim:
+            model = nn.Sequential(*blocks).to(sim.device)
+            optimizer = torch.optim.Adam(model.parameters())
+            for samples in (1, size):
+                before = torch.cuda.memory_allocated()
+                model(torch.randn(samples, 32, 16, device=sim.device)).square().mean().backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             peaks.append(torch.cuda.max_memory_allocated())
     return before, peaks
