@@ -19,7 +19,7 @@ from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
 
 ASSIGNMENT = "08-distributed"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "distributed.ipynb"
-GRADED = ("init_distributed", "all_reduce_mean", "shard_loader", "save_on_rank0", "train_ddp")
+GRADED = ("init_distributed", "predict_all_reduce", "all_reduce_mean", "shard_loader", "save_on_rank0", "train_ddp")
 
 
 @pytest.fixture(scope="module")
@@ -403,6 +403,12 @@ def test_fsdp2_shards_on_cpu_with_gloo(nb, group):
     assert local["0.weight"] == (128, 64) and math.isfinite(loss)
 
 
+def test_the_default_all_reduce_sums_in_place_as_the_prediction_says(nb, group):
+    """predict_all_reduce's measurement: with its defaults (op=ReduceOp.SUM) all_reduce sums into t, returns None."""
+    measure = _namespace(nb, "def default_all_reduce(")["default_all_reduce"]
+    assert group.values(measure) == [(1.0, 4.0, None), (3.0, 4.0, None)]
+
+
 def test_the_skipped_collective_times_out_instead_of_hanging(nb, group):
     skip = _namespace(nb, "def skip_a_collective(")["skip_a_collective"]
     lines = group.values(skip)
@@ -436,7 +442,7 @@ def test_troubleshooting_table_covers_the_course(nb):
 
 # ---------------------------------------------------------------- the notebook
 def test_cell_layout_and_graded_cells(nb):
-    """Title, Colab cell and setup first; each solution cell is followed by its test cell; a summary at the end."""
+    """Title, Colab cell, setup; each solution cell, its test cell (a prediction's after its measurement); a summary."""
     assert nb.cells[0].cell_type == "markdown" and "colab-badge.svg" in nb.cells[0].source
     assert [grade_id(c) for c in nb.cells[1:3]] == ["colab_setup", "setup"]
     assert all(nbgrader_meta(c).get("locked") for c in nb.cells[1:3])
@@ -445,9 +451,11 @@ def test_cell_layout_and_graded_cells(nb):
     for function in GRADED:
         at = ids.index(function)
         assert nbgrader_meta(nb.cells[at]).get("solution") and f"def {function}(" in nb.cells[at].source
-        test = nb.cells[at + 1]
+        prediction = function.startswith("predict_")
+        test = nb.cells[at + 2 if prediction else at + 1]
         assert grade_id(test) == f"test_{function}" and nbgrader_meta(test).get("grade")
-        assert test.source.startswith('"""Check ') and "### BEGIN HIDDEN TESTS" in test.source
+        opening = f'"""{function}: your prediction' if prediction else '"""Check '
+        assert test.source.startswith(opening) and "### BEGIN HIDDEN TESTS" in test.source
     assert "## Your results" in nb.cells[-2].source and "course.env.show()" in nb.cells[-1].source
 
 

@@ -72,6 +72,16 @@ def mean_pair(rank: int, all_reduce_mean: Any) -> dict:
     return seen
 
 
+def default_all_reduce(rank: int) -> tuple[float, float]:
+    """dist.all_reduce(t) with nothing but the tensor given, in the job's own gloo group: rank 0's t holds 1.0, rank
+    1's 3.0. What this rank's t held before the call and holds after it."""
+    dist.init_process_group("gloo")
+    t = torch.tensor([1.0 + 2.0 * rank])
+    before = t.item()
+    dist.all_reduce(t)
+    return before, t.item()
+
+
 def save_pair(rank: int, save_on_rank0: Any, path: str, returned: str) -> dict:
     """save_on_rank0 in a gloo group where rank 0 saves late: a rank 1 that does not wait says so in `returned`."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=15))

@@ -18,12 +18,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course.checks import _distributed_jobs as jobs
-from course.checks import check, expect_close, expect_equal, expect_type, passed
+from course.checks import calling, check, expect_close, expect_equal, expect_type, passed
+from course.checks._predict import expect_prediction
 from course.distributed import free_port, ranks
 from course.simgpu import simulated_cuda
 
-__all__ = ["check_init_distributed", "check_all_reduce_mean", "check_shard_loader", "check_save_on_rank0",
-           "check_train_ddp"]
+__all__ = ["check_init_distributed", "check_predict_all_reduce", "check_all_reduce_mean", "check_shard_loader",
+           "check_save_on_rank0", "check_train_ddp"]
 
 CPU = torch.device("cpu")
 
@@ -127,6 +128,30 @@ def _on_simulated_cuda(init_distributed: Any) -> tuple[list, list, list]:
             else:
                 os.environ[name] = value
     return backends, current, results
+
+
+def check_predict_all_reduce(predict_all_reduce: Any) -> None:
+    """predict_all_reduce against a real 2-process gloo job: what dist.all_reduce(t), given nothing but the tensor,
+    leaves in each rank's t (as the lesson's cell shows)."""
+    __tracebackhide__ = True
+    held = [_ok(r, "dist.all_reduce(t) in a 2-process gloo group", "the measurement itself failed: run the cell again")
+            for r in ranks(2).run(jobs.default_all_reduce)]
+    before, after = [b for b, _ in held], [a for _, a in held]
+    outcomes = {"sum": [sum(before)] * len(before), "mean": [sum(before) / len(before)] * len(before),
+                "unchanged": before}
+    measured = next((choice for choice, values in outcomes.items() if after == values), None)
+    check(measured is not None, f"the measurement is none of the choices: each rank's t went from {before} to {after}",
+          "run the cell again; if it repeats, this torch's all_reduce is not what the lesson describes")
+    with calling("predict_all_reduce()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_all_reduce()
+    expect_prediction(predicted, {"sum": "every rank's t holds the sum over the ranks",
+                                  "mean": "every rank's t holds the mean over the ranks",
+                                  "unchanged": "each rank's t keeps its own value"}, measured,
+                      f"in a 2-process gloo group rank 0's t went from {before[0]} to {after[0]} and rank 1's from "
+                      f"{before[1]} to {after[1]}",
+                      "the op of dist.all_reduce defaults to ReduceOp.SUM, and it works in place: it writes the sum "
+                      "over the ranks into the tensor each rank gave it (it returns None). A mean is that sum divided "
+                      "by the world size, the division that all_reduce_mean makes (section 5)")
 
 
 def check_all_reduce_mean(all_reduce_mean: Any) -> None:

@@ -1,4 +1,5 @@
-"""Mutation catalogue for 08-distributed: typical mistakes in the five graded functions, and correct variants.
+"""Mutation catalogue for 08-distributed: typical mistakes in the five graded functions and the prediction
+(predict_all_reduce), and correct variants.
 
 Every variant is the solution cell with named replacements (`changed`), so a change to a solution breaks its
 catalogue in one place. The tests run real 2-process gloo jobs, so a few variants cost a worker restart or a timeout.
@@ -242,4 +243,18 @@ VARIANTS = [
     Variant("train_ddp", "optimizer_over_the_model", False,
             _train(("torch.optim.SGD(ddp.parameters(), lr=lr)", "torch.optim.SGD(model.parameters(), lr=lr)")),
             "DDP's parameters are the wrapped model's: the same tensors"),
+]
+
+_PREDICTED = ('return "sum"  # op defaults to ReduceOp.SUM, written in place into every rank\'s t; a mean divides by '
+              'world size')
+VARIANTS += [
+    Variant("predict_all_reduce", "mean", True, changed(NB, "predict_all_reduce", (_PREDICTED, 'return "mean"')),
+            "expects all_reduce to average, as DDP's gradients are averaged"),
+    Variant("predict_all_reduce", "unchanged", True,
+            changed(NB, "predict_all_reduce", (_PREDICTED, 'return "unchanged"')),
+            "expects the result to come back from the call, leaving the tensor as it was"),
+    Variant("predict_all_reduce", "capitalised", True, changed(NB, "predict_all_reduce", (_PREDICTED, 'return "Sum"')),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_all_reduce", "from_a_name", False, changed(NB, "predict_all_reduce", (
+        _PREDICTED, 'answer = "sum"\n    return answer')), "the same choice, kept in a variable first"),
 ]
