@@ -22,7 +22,7 @@ from tests.harness import graded_functions
 
 ASSIGNMENT = "09-profiling"
 NOTEBOOK = nbtools.SOLUTIONS / ASSIGNMENT / "profiling.ipynb"
-GRADED = ["profile_steps", "time_breakdown", "diagnose", "step_mfu"]
+GRADED = ["profile_steps", "time_breakdown", "diagnose", "predict_host_wait", "step_mfu"]
 profiling.quiet_profiler_logs()
 
 

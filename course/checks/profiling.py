@@ -3,7 +3,8 @@
 Each check exercises what the function's docstring states, with expectations worked out from first principles: a
 hand-made Chrome trace whose figures are known, a real torch.profiler trace of work of known length, a simulated
 GPU's trace of declared work, FLOPs counted by hand (2·m·n·k per matrix product), breakdowns placed on each side
-of the lesson's thresholds. More is checked at grading (other GPUs, other shapes, the four workloads).
+of the lesson's thresholds. More is checked at grading (other GPUs, other shapes, the four workloads). The
+prediction's check measures how long its workload's host waits for the GPU, from a simulated T4's own records.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from course import profiling
 from course.checks import (
     calling,
     check,
@@ -31,6 +33,7 @@ from course.checks import (
     noting_warnings_in,
     passed,
 )
+from course.checks._predict import expect_prediction
 from course.checks._profiling_traces import (
     GPU_TRACE,
     GPU_TRACE_FIGURES,
@@ -39,10 +42,10 @@ from course.checks._profiling_traces import (
     percent_shown,
 )
 from course.ledger import Ledger, entry_point
-from course.simgpu import gpu_session, gpu_work
+from course.simgpu import gpu_session, gpu_work, simulated_cuda
 
-__all__ = ["TimedRegion", "check_diagnose", "check_profile_steps", "check_step_mfu", "check_time_breakdown",
-           "recorded_events"]
+__all__ = ["TimedRegion", "check_diagnose", "check_predict_host_wait", "check_profile_steps", "check_step_mfu",
+           "check_time_breakdown", "recorded_events"]
 
 
 def _sleep_ms(ms: float) -> None:
@@ -312,3 +315,42 @@ def _rule_broken(busy: float, synced: float, mean_us: float, verdict: str, got: 
                 "when neither of the first two rules holds")
     return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, converted to µs): launch-bound needs under "
             "20 µs, so this run is input-bound (none of the first three rules holds)")
+
+
+def check_predict_host_wait(predict_host_wait: Any) -> None:
+    """predict_host_wait against the share of each step's wall time that the host of the `.item()` loop (the workload
+    with a "log" region) spends waiting for the GPU, measured here over eight steps on a simulated T4 (also on a GPU
+    machine): the waits from the simulation's record of its synchronisations, each step's wall time from the host's
+    clock. The least disturbed step's share is put in its band: other programs on the machine can only lengthen the
+    host's part of a step (its wait is the GPU's queued work), as a timer takes the fastest of its repeats."""
+    __tracebackhide__ = True
+    steps = []  # (share, waited ms, wall ms) of each measured step
+    with simulated_cuda("T4", replace_real=True) as sim:
+        regions = next(r for r in (profiling.workload(k, sim.device) for k in profiling.KINDS) if "log" in r)
+        for fn in regions.values():  # one step first, unmeasured, as the lesson's warm-up step
+            fn()
+        for _ in range(8):
+            mark, began = sim.mark(), time.perf_counter()
+            for fn in regions.values():
+                fn()
+            wall_ms = (time.perf_counter() - began) * 1e3
+            waited_ms = sum(s.waited_ms for s in sim.since(mark).syncs)
+            steps.append((waited_ms / wall_ms, waited_ms, wall_ms))
+    share, waited_ms, wall_ms = max(steps)  # the least disturbed step: a stalled host only lowers a step's share
+    bands = {"under-10%": "the host hardly waits: it queues the GPU's work and goes on",
+             "10-to-50%": "the host waits a while, but spends most of the step on its own work",
+             "over-50%": "the host spends most of the step waiting for the GPU"}
+    measured = "under-10%" if share < 0.1 else "10-to-50%" if share < 0.5 else "over-50%"
+    with calling("predict_host_wait()", "return your prediction as one of the strings its docstring names"):
+        predicted = predict_host_wait()
+    expect_prediction(predicted, bands, measured,
+                      f"on a simulated T4 the host of that loop waited for the GPU {share:.0%} of a step's wall time "
+                      f"({waited_ms:.1f} of {wall_ms:.1f} ms) in the least disturbed of {len(steps)} steps (they read "
+                      f"{min(steps)[0]:.0%} to {share:.0%}: a host held up by other programs waits a smaller share, "
+                      "never a larger one)",
+                      "`.item()` hands the host a number the GPU has not computed yet, so it stops the host until "
+                      "the GPU has finished everything queued: the whole step's GPU work, which the host queued in a "
+                      "moment. The host's own share of the step is preparing the batch, and while it does, the GPU "
+                      "has nothing queued: the two take turns instead of overlapping, the shape section 4 calls "
+                      "sync-bound. Keep running sums on the device and read them every N steps: then the host "
+                      "prepares the next batch while the GPU works (section 4)")

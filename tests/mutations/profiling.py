@@ -1,10 +1,11 @@
 """Mutation catalogue for solutions/09-profiling/profiling.ipynb: typical learner mistakes and correct variants.
 
-The mistakes are those of the lesson: a profile without a schedule or without `prof.step()`, regions not labelled;
-a breakdown that adds overlapping streams, counts the profiler's own span or the GPU-side copies of the labels, or
+The mistakes are those of the lesson: a profile without a schedule or without `prof.step()`, regions not labelled; a
+breakdown that adds overlapping streams, counts the profiler's own span or the GPU-side copies of the labels, or
 forgets that `dur` is in µs; a diagnosis that tests the rules out of order or on the wrong side of a threshold;
-FLOPs of the forward pass alone, or a rule of thumb instead of a count, and MFU in the wrong units. Every variant is
-the solution cell with named replacements (`tests.mutations.changed`), except a few correct ones written another way.
+FLOPs of the forward pass alone, or a rule of thumb instead of a count, and MFU in the wrong units; a prediction of
+how long the `.item()` loop's host waits other than the share its measurement gets. Every variant is the solution
+cell with named replacements (`tests.mutations.changed`), except a few correct ones written another way.
 """
 from tests.mutations import Variant, changed
 
@@ -255,3 +256,20 @@ MFU = [
 ]
 
 VARIANTS = PROFILE + BREAKDOWN + DIAGNOSE + MFU
+
+_PREDICTED = ('return "over-50%"  # .item() waits for all 11 ms of queued GPU work; the host\'s own share is the 3 ms '
+              'batch')
+VARIANTS += [
+    Variant("predict_host_wait", "under_10", True, changed(NB, "predict_host_wait",
+                                                           (_PREDICTED, 'return "under-10%"')),
+            "thinks .item() reads one number and returns at once, as if the GPU's work were already done"),
+    Variant("predict_host_wait", "10_to_50", True, changed(NB, "predict_host_wait",
+                                                           (_PREDICTED, 'return "10-to-50%"')),
+            "expects .item() to wait for part of the GPU's work, not for everything queued before it"),
+    Variant("predict_host_wait", "not_a_choice", True, changed(NB, "predict_host_wait",
+                                                               (_PREDICTED, 'return "over 50%"')),
+            "the right idea, but not one of the choices the docstring names"),
+    Variant("predict_host_wait", "built_from_figure", False, changed(NB, "predict_host_wait", (
+        _PREDICTED, 'return f"over-{100 // 2}%"')),
+            "the same choice, put together from its threshold"),
+]
