@@ -26,7 +26,8 @@ from tests.mutations import solution_cell
 
 ASSIGNMENT = "06-compile"
 NOTEBOOK = SOLUTIONS / ASSIGNMENT / "compile.ipynb"
-GRADED = {"compile_report": ["test_compile_report"], "safe_compile": ["test_safe_compile"],
+GRADED = {"predict_first_call": ["test_predict_first_call"], "compile_report": ["test_compile_report"],
+          "safe_compile": ["test_safe_compile"],
           "fit": ["test_fit", "test_fit_precision", "test_fit_compile", "test_fit_scheduler", "test_fit_clipping"]}
 
 
@@ -245,14 +246,20 @@ def nb():
 
 
 def test_cell_layout_and_graded_cells(nb):
-    """Title, Colab cell and setup first; each solution cell is followed by its test cells; a summary at the end."""
+    """Title, Colab cell and setup first; each solution cell is followed by its test cells (a prediction's, by the
+    lesson's measurement and then its test cell); the graded cells in the order of GRADED; a summary at the end."""
     assert nb.cells[0].cell_type == "markdown" and "colab-badge.svg" in nb.cells[0].source
     assert [grade_id(c) for c in nb.cells[1:3]] == ["colab_setup", "setup"]
     assert all(nbgrader_meta(c).get("locked") for c in nb.cells[1:3])
     ids = [grade_id(c) for c in nb.cells]
+    assert [i for i in ids if i in GRADED] == list(GRADED)
     for function, tests in GRADED.items():
         at = ids.index(function)
         assert nbgrader_meta(nb.cells[at]).get("solution")
+        if function.startswith("predict_"):  # the measurement comes between the prediction and its test
+            between = nb.cells[at + 1:ids.index(tests[0])]
+            assert not any(grade_id(c) for c in between) and between[-1].cell_type == "code", function
+            at = ids.index(tests[0]) - 1
         assert ids[at + 1:at + 1 + len(tests)] == tests
         for cell in nb.cells[at + 1:at + 1 + len(tests)]:
             assert cell.source.startswith('"""Check '), f"{grade_id(cell)}: start with a one-line docstring"

@@ -5,8 +5,9 @@ takes a known time, so that they can tell compile time from steady-state time in
 compile's ten, and on a simulated GPU (`course.simgpu`) where only a GPU would show the mistake. Expectations come
 from first principles (a model that sleeps a known time, offsets the check itself adds to the compiled outputs),
 never from a reference implementation. Grading runs more cases (other GPUs, other inputs). The checks of `fit` live
-in `course.checks._compile_fit` and `course.checks._compile_steps` (its precision, scheduler and clipping) and are
-re-exported here, with the sealed recorders that the hidden tests use too (`course.checks._compile_records`):
+in `course.checks._compile_fit` and `course.checks._compile_steps` (its precision, scheduler and clipping), and the
+check of the prediction `predict_first_call` (which times a real graph capture) in `course.checks._compile_predict`;
+they are re-exported here, with the sealed recorders that the hidden tests use too (`course.checks._compile_records`):
 `optimizer_steps`, `scaler_calls`, `AutocastSpy`.
 """
 from __future__ import annotations
@@ -24,14 +25,16 @@ from torch.utils.benchmark import Timer
 
 from course.checks import check, expect_close, expect_type, passed
 from course.checks._compile_fit import check_fit, check_fit_compile, noted_warnings
+from course.checks._compile_predict import check_predict_first_call
 from course.checks._compile_records import AutocastSpy, dtypes, optimizer_steps, scaler_calls
 from course.checks._compile_steps import check_fit_clipping, check_fit_precision, check_fit_scheduler
 from course.compile import stand_in_compile
 from course.ledger import Spy
 from course.simgpu import CostlyModel, gpu_session
 
-__all__ = ["check_compile_report", "check_safe_compile", "check_fit", "check_fit_precision", "check_fit_compile",
-           "check_fit_scheduler", "check_fit_clipping", "AutocastSpy", "dtypes", "optimizer_steps", "scaler_calls"]
+__all__ = ["check_predict_first_call", "check_compile_report", "check_safe_compile", "check_fit", "check_fit_precision",
+           "check_fit_compile", "check_fit_scheduler", "check_fit_clipping", "AutocastSpy", "dtypes", "optimizer_steps",
+           "scaler_calls"]
 
 _KEYS = ("compile_s", "eager_ms", "compiled_ms", "speedup", "max_abs_diff")
 

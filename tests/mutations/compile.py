@@ -491,3 +491,10 @@ def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", co
 ''', "a step function of its own, device properties, inference_mode for validation, the clip as get_total_norm and "
    "clip_grads_with_norm_, unscale_ only when the scaler is enabled: all fine"),
 ]
+
+_F, _SLOWER = "predict_first_call", 'return "slower"  # capture and compile come first: seconds against milliseconds'
+VARIANTS += [Variant(_F, name, wrong, changed(NB, _F, (_SLOWER, new)), why) for name, wrong, new, why in (
+    ("faster", True, 'return "faster"', "expects section 1's fused kernels to win from the very first call"),
+    ("about-the-same", True, 'return "about-the-same"', "expects the torch.compile() call to have done the work"),
+    ("capitalised", True, 'return "Slower"', "the right idea, but not one of the choices the docstring names"),
+    ("from_a_name", False, 'answer = "slower"\n    return answer', "the same choice, kept in a variable first"))]
