@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from grader import lessons
-from grader.nbtools import SOLUTIONS, cell_scores, grade_id, read
+from grader.nbtools import SOLUTIONS, cell_scores, grade_id, nbgrader_meta, read
 from tests import students
 from tests.students import grader
 
@@ -81,5 +81,7 @@ def test_the_grader_leaves_lessons_out_runs_them_when_an_answer_reads_them_and_s
     assert _lesson_outputs(runs["every-lesson"], "plain")[0] == "run: --run-lessons"
     scores = {name: {(r.student, r.grade_id): (r.score, r.max_score) for r in cell_scores(out, ASSIGNMENT)}
               for name, out in runs.items()}
-    assert scores["default"] == scores["every-lesson"] and len(scores["default"]) == 8
+    tests = [c for path in (SOLUTIONS / ASSIGNMENT).glob("*.ipynb") for c in read(path).cells
+             if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")]
+    assert scores["default"] == scores["every-lesson"] and len(scores["default"]) == 2 * len(tests)
     assert all(score == top > 0 for score, top in scores["default"].values()), scores["default"]

@@ -133,7 +133,9 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
               "(a stand-in compiler makes it so)",
               "torch.compile() returns at once and the compiling happens during the first call: time that first call "
               "(sync before starting and stopping the clock), not the torch.compile() call")
-        check(same["compiled_ms"] < same["eager_ms"] + 0.5 * 1000 * delay / iters,
+        # a mean over `iters` calls that holds the compiling call holds its `delay` whole: on a busy machine a
+        # correct figure can still be far above eager_ms, but never by most of the delay
+        check(iters * same["compiled_ms"] < 0.8 * 1000 * delay,
               f"compiled_ms is {same['compiled_ms']:.1f} ms, but once compiled a call takes as long as eager "
               f"({same['eager_ms']:.1f} ms): the {delay:.2f} s of compiling leaked into the steady-state figure",
               "make the first (compiling) call before timing the steady state, with warm-up")
