@@ -48,6 +48,19 @@ _ARITH_SWAP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*", ast.Floo
 # A label names the line: when a solution changes, its old entries stop matching and the mutants show up again.
 _DUR = "a complete event (\"ph\": \"X\") always carries dur (Trace Event Format): the default is never used"
 EQUIVALENT: dict[str, str] = {
+    "train_and_evaluate:19:8 call_removed: 'model.train()' -> 'pass'":
+        "parity_model() is built in training mode, and nothing switches it to eval before the training ends",
+    "train_and_evaluate:15:56 constant_changed: '1e-3' -> '0.002'":
+        "05's statement leaves the optimizer to the learner (\"SGD ... would be as fair a comparison\"): only every "
+        "precision getting the same counts",
+    **{f"train_and_evaluate:24:{change}": "05's statement leaves the evaluation's precision to the learner (an "
+       "evaluation in fp32 is as fair, the same for every precision); autocast asked for float32 disables itself "
+       "with a warning, and a warning never decides a test" for change in (
+           "26 keyword_dropped: 'torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)' -> "
+           "'torch.autocast(device.type, enabled=dtype != torch.float32)'",
+           "26 keyword_dropped: 'torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)' -> "
+           "'torch.autocast(device.type, dtype=dtype)'",
+           "75 comparison_shifted: 'dtype != torch.float32' -> 'dtype == torch.float32'")},
     "profile_steps:10:9 keyword_dropped: 'profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, "
     "active=steps, repeat=1),\\n                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))' -> "
     "'profile(schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1), on_trace_ready=lambda p: "

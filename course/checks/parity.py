@@ -133,6 +133,18 @@ def check_train_and_evaluate(train_and_evaluate: Callable[..., Any]) -> None:
             expect_equal(where, [(want, [want])], "with device=None " + (f"and a simulated {gpu}" if gpu else "on a "
                          "machine without a GPU") + ", the device of the first step and of the model's parameters",
                          "device=None means the GPU when torch.cuda.is_available(), else the CPU; move the model there")
+        with simulated_cuda("T4", replace_real=True):
+            where.clear()
+            try:
+                train_and_evaluate("fp32", 0, train_step=first_step, epochs=1, device="cpu")
+            except StopRun:
+                pass
+            expect_equal(where, [("cpu", ["cpu"])], "with device='cpu' on a machine with a (simulated) GPU, the device "
+                         "of the first step and of the model's parameters", "train on the device given; only "
+                         "device=None chooses")
+            with calling("train_and_evaluate('fp32', 0, ...) evaluating on a simulated T4", "move each validation "
+                         "batch to the model's device before the forward pass"):
+                train_and_evaluate("fp32", 0, train_step=lambda *args: 0.0, epochs=1)
         expect_raises(ValueError, train_and_evaluate, "fp8", 0, runs["seed 0"]["step"], epochs=1, device="cpu",
                       what="train_and_evaluate('fp8', 0, ...)",
                       hint="raise ValueError for a precision that is not one of the names in PRECISIONS")
