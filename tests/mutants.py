@@ -48,6 +48,9 @@ _ARITH_SWAP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*", ast.Floo
 # A label names the line: when a solution changes, its old entries stop matching and the mutants show up again.
 _DUR = "a complete event (\"ph\": \"X\") always carries dur (Trace Event Format): the default is never used"
 EQUIVALENT: dict[str, str] = {
+    "accumulation_step:12:13 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, "
+    "enabled=(dtype != torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
+        "autocast asked for float32 disables itself (with a warning, which decides no test): the same as enabled=False",
     "train_and_evaluate:19:8 call_removed: 'model.train()' -> 'pass'":
         "parity_model() is built in training mode, and nothing switches it to eval before the training ends",
     "train_and_evaluate:15:56 constant_changed: '1e-3' -> '0.002'":

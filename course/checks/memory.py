@@ -295,11 +295,15 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
                                 sim.device, torch.float16)
         params = [p.detach().cpu() for p in model.parameters()]
         calls = [c.method for c in sim.scaler_calls if c.method != "unscale_"]
+        copies = [c.non_blocking for c in sim.h2d_copies]
         regions = [(r.device_type, r.dtype) for r in sim.autocast_regions if r.enabled]
         backwards, backward_in_autocast = len(sim.backwards), bool(sim.backward_in_autocast)
     want_params, want_loss = whole_batch_step(sum(sizes), 0.1, nn.functional.cross_entropy)
     expect_equal(calls, ["scale"] * 3 + ["step", "update"], f"the GradScaler calls ({label})",
                  "scaler.scale(loss).backward() per micro-batch, then one scaler.step and one scaler.update")
+    expect_equal(copies, [True] * 6, f"non_blocking of each copy to the GPU ({label}: inputs and targets of three "
+                 "micro-batches)", "copy each micro-batch with .to(device, non_blocking=True): the host need not wait "
+                 "for the copy (module 02)")
     expect_equal(regions, [("cuda", torch.float16)] * 3, f"the autocast regions ({label})",
                  "one torch.autocast(device_type=device.type, dtype=dtype) block per micro-batch")
     expect_equal(in_autocast, [True] * 3, f"whether each loss was computed inside autocast ({label})",
