@@ -108,10 +108,10 @@ EQUIVALENT: dict[str, str] = {
         "safe_compile:12:49 constant_changed: '2' -> '4'")},
     "compile_report:22:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
         "torch.utils.benchmark's own synchronisation: no GPU work is queued when the clock starts",
-    "fit:38:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
+    "fit:39:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
         "the compiled code is guarded on the module's mode, so the first training step recompiles (a cost, not a "
         "wrong result)",
-    "fit:47:8 call_removed: 'finish_gpu_work()' -> 'pass'": "no GPU work is queued when a later epoch's clock "
+    "fit:48:8 call_removed: 'finish_gpu_work()' -> 'pass'": "no GPU work is queued when a later epoch's clock "
         "starts (the previous epoch ended by reading its loss and accuracy: .item() waits); before the first, at most "
         "the model's copy to the device, a few ms against an epoch",
     "time_gpu:15:8 call_removed: 'torch.cuda.synchronize(device)' -> 'pass'": "a CUDA event is stamped when the GPU "
@@ -123,15 +123,15 @@ EQUIVALENT: dict[str, str] = {
     "find_max_batch:19:15 arguments_swapped: 'min(2 * good, limit)' -> 'min(limit, 2 * good)'": "min is symmetric",
     **{f"fit:{change}": "the progress bar's label and whether it stays on screen: what the learner sees, not what fit "
        "returns" for change in (
-           "49:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
+           "50:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
            "'tqdm(train_loader, leave=False)'",
-           "49:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
+           "50:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
            "'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\")'",
-           "49:92 constant_changed: 'False' -> 'True'", "49:64 arithmetic_swapped: 'epoch + 1' -> '(epoch) - (1)'",
-           "49:72 constant_changed: '1' -> '0'")},
-    "fit:52:12 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+           "50:92 constant_changed: 'False' -> 'True'", "50:64 arithmetic_swapped: 'epoch + 1' -> '(epoch) - (1)'",
+           "50:72 constant_changed: '1' -> '0'")},
+    "fit:53:12 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0",
-    "fit:52:44 constant_changed: 'True' -> 'False'": "every parameter gets a gradient in every step, so AdamW steps "
+    "fit:53:44 constant_changed: 'True' -> 'False'": "every parameter gets a gradient in every step, so AdamW steps "
         "the same from zeroed gradients as from None",
     "set_seed:7:4 call_removed: 'torch.cuda.manual_seed_all(seed)' -> 'pass'": "torch.manual_seed seeds every device, "
         "CUDA included (its docs); the explicit call repeats it",

@@ -220,6 +220,12 @@ def _check_on_gpu(fit: Callable[..., Any]) -> None:
           "synchronise the GPU (torch.cuda.synchronize) before starting and before stopping the epoch's clock")
 
 
+def _flag(history: dict, want: bool, what: str) -> None:
+    __tracebackhide__ = True
+    check(history.get("compiled") is want, f"history['compiled'] {what} is {history.get('compiled')!r}",
+          f"record whether the model trained compiled: {want} here (safe_compile's flag says so)")
+
+
 def check_fit_compile(fit: Callable[..., Any]) -> None:
     """fit(compile=True) under a stand-in compiler that works (compiled once, trained and validated with what
     safe_compile returned), compile=False (nothing compiled), and a stand-in that fails (a warning, and training goes
@@ -231,6 +237,7 @@ def check_fit_compile(fit: Callable[..., Any]) -> None:
         with stand_in_compile() as record:
             history = _fitted(fit, _mlp(), train, val, epochs=2, device="cpu", precision="fp32", compile=True)
         _complete(history, 2, "with compile=True")
+        _flag(history, True, "with compile=True and a compiler that works")
         check(len(record.compile_calls) == 1, f"torch.compile was called {len(record.compile_calls)} times for 2 "
               "epochs", "compile once, before the first epoch, through safe_compile")
         check(record.calls >= 2 * steps, f"the compiled model ran {record.calls} times for {2 * steps} training steps",
@@ -238,8 +245,9 @@ def check_fit_compile(fit: Callable[..., Any]) -> None:
         check(record.calls >= 2 * (steps + 1), f"the compiled model ran {record.calls} times for {2 * steps} training "
               "steps and 2 validation batches", "validate with what safe_compile returned too")
         with stand_in_compile() as record:
-            _complete(_fitted(fit, _mlp(), train, val, epochs=1, device="cpu", precision="fp32"), 1,
-                      "with compile=False")
+            history = _fitted(fit, _mlp(), train, val, epochs=1, device="cpu", precision="fp32")
+            _complete(history, 1, "with compile=False")
+        _flag(history, False, "with compile=False")
         check(not record.compile_calls, "fit compiled the model although compile=False", "compile only when "
               "compile=True")
         why = f"stand-in compiler failure {random.randrange(10**6)}"
@@ -252,6 +260,7 @@ def check_fit_compile(fit: Callable[..., Any]) -> None:
                       "compile through your safe_compile, which falls back to the model")
                 raise
         _complete(history, 2, "when compiling failed")
+        _flag(history, False, "when compiling failed")
         check(any(why in str(w.message) for w in caught), "a failed compile left no warning",
               "compile through your safe_compile, which warns why it fell back")
     passed("fit(compile=True) compiles once, trains and validates the compiled model, and falls back when compiling "

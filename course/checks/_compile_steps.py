@@ -39,6 +39,9 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
                 history = _fitted(fit, spy, train, val, epochs=1, device=_CPU, precision=precision)
                 check(isinstance(history, dict) and len(history.get("train_loss", [])) == 1,
                       f"fit(precision={precision!r}) returned an incomplete history", "return the history dict")
+                name = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}[dtype]
+                check(history.get("precision") == name, f"history['precision'] with precision={precision!r} on a "
+                      f"CPU is {history.get('precision')!r}", f"record the precision used: {name!r} here")
                 counts = calls.counts()
                 used = sorted(map(str, set(spy.seen)))
                 rule = " (this device's AMP dtype from 04-amp: bf16 on a CPU)" if precision == "auto" else ""

@@ -465,7 +465,7 @@ def fit(model, train_loader, val_loader, *, epochs, device, precision="auto", co
             lr_schedule.step()
         return loss.detach() * len(targets)
 
-    out = {"train_loss": [], "val_accuracy": [], "samples_per_s": []}
+    out = {"train_loss": [], "val_accuracy": [], "samples_per_s": [], "precision": precision, "compiled": net != model}
     for epoch in range(epochs):
         model.train()
         total, count = [], 0
