@@ -13,8 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from course.checks._memory_cases import worked_example_peaks
 from course.memory import MiB, byte_table, peak_plot
 from course.simgpu import simulated_cuda
+from course.simgpu.memory import format_size
 from grader.nbtools import SOLUTIONS, grade_id, nbgrader_meta, read
 from tests.harness import without_hidden_tests
 from tests.mutations import solution_cell
@@ -182,9 +184,6 @@ def test_the_peak_grows_less_than_double_from_32_to_64(lessons, nb):
     """predict_peak's answer, re-measured with the notebook's own sweep: the fixed part (weights, Adam's state,
     cuBLAS's workspace) keeps batch 64's peak under 1.9 times batch 32's; the visible check measures the same peaks,
     and the judge quotes them."""
-    from course.checks._memory_cases import worked_example_peaks
-    from course.simgpu.memory import format_size
-
     peaks = lessons["sweep"]([32, 64])
     before, measured = worked_example_peaks([32, 64])
     assert measured == peaks and peaks[1] / peaks[0] < 1.9

@@ -171,16 +171,23 @@ def test_without_a_profiler_the_simulated_trace_holds_the_whole_session():
 
 @pytest.mark.parametrize("preset, speed", [("T4", 1.0), ("A100", 2.0), ("H100", 3.0)])
 def test_each_workload_is_diagnosed_as_its_kind(solution, preset: str, speed: float):
+    """Each workload of the lesson reads as its kind. A busy machine only ever slows the host's side of a step (its
+    sleeps and Python overshoot; the simulated GPU's work is declared), which can make a sync-bound run look
+    input-bound, never the reverse: a kind is measured up to three times, and a run undisturbed by the machine
+    decides (the suite once read a 16 % wait at a load average of 5 on 2 cores)."""
     with simulated_cuda(preset, replace_real=True) as sim:
         for kind in profiling.KINDS:
             regions = profiling.workload(kind, sim.device, gpu_speed=speed)
-            sim.clear()
-            for _ in range(4):
-                for name, fn in regions.items():
-                    with torch.profiler.record_function(name):
-                        fn()
-            torch.cuda.synchronize()
-            verdict, evidence = solution["diagnose"](solution["time_breakdown"](sim.chrome_trace()))
+            for _ in range(3):
+                sim.clear()
+                for _ in range(4):
+                    for name, fn in regions.items():
+                        with torch.profiler.record_function(name):
+                            fn()
+                torch.cuda.synchronize()
+                verdict, evidence = solution["diagnose"](solution["time_breakdown"](sim.chrome_trace()))
+                if verdict == kind:
+                    break
             assert verdict == kind, (preset, kind, evidence)
 
 
