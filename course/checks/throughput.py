@@ -206,6 +206,10 @@ def _run(fn: Callable, name: str, where: str, *args: Any, **kwargs: Any) -> Any:
         except (RuntimeError, ValueError, StopIteration) as err:
             check(False, f"{name} raised {where}: {type(err).__name__}: {err}",
                   "synchronise only when device.type == 'cuda', and when the loader runs out, iterate over it again")
+        except NameError as err:  # UnboundLocalError too: a value this case never set
+            check(False, f"{name} raised {where}: {type(err).__name__}: {err}",
+                  "every allowed call must work, warmup=0 included: count only what the timed batches give, from "
+                  "values the timed loop sets")
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     if not grad:
         torch.set_grad_enabled(True)  # undo it, so that the rest of this notebook still trains
