@@ -52,6 +52,11 @@ def _fails(results) -> bool:
     return not all(r.passed for r in results)
 
 
+def _visible_failures(notebook: Path, variant, visible) -> list[str]:
+    return [r.error for r in run_function_tests(notebook, variant.function, variant.source, nb=visible,
+                                                until_failed=True) if not r.passed]
+
+
 def _each_function() -> list:
     """(catalogue, function) for every graded function of every catalogue's notebook (read from the notebook, so that
     collecting imports no catalogue): one test each, which pytest-xdist spreads over its workers."""
@@ -80,8 +85,9 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, function: str, rec
             judged.append((catalogue.stem, label, False, bool(failed), False))
             continue
         caught = _fails(run_function_tests(notebook, v.function, v.source, nb=blind, until_failed=True))
-        shown = [r.error for r in run_function_tests(notebook, v.function, v.source, nb=visible, until_failed=True)
-                 if not r.passed]
+        shown = _visible_failures(notebook, v, visible)
+        if not shown:  # a timing check that a busy machine let pass once; a real gap passes again
+            shown = _visible_failures(notebook, v, visible)
         judged.append((catalogue.stem, label, True, caught or bool(shown), bool(shown)))
         if not caught:
             problems.append(f"{label} (wrong, not caught by the judges alone"
