@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from course.checks import calling, check
+from course.checks import check
 from course.checks._predict import expect_prediction
 from course.compile import GraphRecorder, elementwise_chain
 
@@ -65,9 +65,7 @@ def check_predict_first_call(predict_first_call: Callable[[], str]) -> None:
           "nothing about compiling", "run this cell where torch.compile works (not with TORCHDYNAMO_DISABLE=1)")
     ratio = first_ms / eager_ms
     measured = "slower" if ratio > 1.2 else "faster" if ratio < 1 / 1.2 else "about-the-same"
-    with calling("predict_first_call()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_first_call()
-    expect_prediction(predicted, _CHOICES, measured,
+    expect_prediction(predict_first_call, _CHOICES, measured,
                       f"on this machine the first call of the lesson's elementwise chain, compiled with the recording "
                       f"backend (graph capture only, no code generation), took {first_ms:.1f} ms on 4096 values, "
                       f"{ratio:,.1f} times as long as one eager call ({eager_ms:.3f} ms)",

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from course.checks import calling, check, expect_close, expect_equal, expect_type, passed
+from course.checks import check, expect_close, expect_equal, expect_type, passed
 from course.checks._amp_support import (
     CPU,
     LegacySGD,
@@ -44,9 +44,7 @@ def check_predict_tiny_gradient(predict_tiny_gradient: Callable[[], Any]) -> Non
     stored = torch.tensor(1e-8).to(torch.float16).item()
     fp16 = torch.finfo(torch.float16)
     measured = "zero" if stored == 0 else "inf" if math.isinf(stored) else "kept"
-    with calling("predict_tiny_gradient()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_tiny_gradient()
-    expect_prediction(predicted, {"kept": "a small non-zero number, about 1e-8", "zero": "0: it underflows",
+    expect_prediction(predict_tiny_gradient, {"kept": "a small non-zero number, about 1e-8", "zero": "0: it underflows",
                                   "inf": "infinity"}, measured,
                       f"torch.tensor(1e-8).to(torch.float16) holds {stored:g}, and fp16's smallest positive number "
                       f"(its smallest subnormal) is {fp16.tiny * fp16.eps:.3g}",

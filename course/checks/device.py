@@ -149,9 +149,7 @@ def check_predict_bf16(predict_bf16: Callable) -> None:
     with simulated_cuda("T4", replace_real=True):
         name, capability = torch.cuda.get_device_name(), tuple(torch.cuda.get_device_capability())
         answer, native = torch.cuda.is_bf16_supported(), torch.cuda.is_bf16_supported(including_emulation=False)
-    with calling("predict_bf16()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_bf16()
-    expect_prediction(predicted, {"true": "it says the T4 supports bf16", "false": "it says the T4 does not"},
+    expect_prediction(predict_bf16, {"true": "it says the T4 supports bf16", "false": "it says the T4 does not"},
                       str(bool(answer)).lower(),
                       f"on the {name}, capability {'.'.join(map(str, capability))}, torch.cuda.is_bf16_supported() "
                       f"returned {answer}, and {native} with including_emulation=False",

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course.checks import _distributed_jobs as jobs
-from course.checks import calling, check, expect_close, expect_equal, expect_type, passed
+from course.checks import check, expect_close, expect_equal, expect_type, passed
 from course.checks._predict import expect_prediction
 from course.distributed import free_port, ranks
 from course.simgpu import simulated_cuda
@@ -142,9 +142,7 @@ def check_predict_all_reduce(predict_all_reduce: Any) -> None:
     measured = next((choice for choice, values in outcomes.items() if after == values), None)
     check(measured is not None, f"the measurement is none of the choices: each rank's t went from {before} to {after}",
           "run the cell again; if it repeats, this torch's all_reduce is not what the lesson describes")
-    with calling("predict_all_reduce()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_all_reduce()
-    expect_prediction(predicted, {"sum": "every rank's t holds the sum over the ranks",
+    expect_prediction(predict_all_reduce, {"sum": "every rank's t holds the sum over the ranks",
                                   "mean": "every rank's t holds the mean over the ranks",
                                   "unchanged": "each rank's t keeps its own value"}, measured,
                       f"in a 2-process gloo group rank 0's t went from {before[0]} to {after[0]} and rank 1's from "

@@ -169,9 +169,7 @@ def check_predict_peak(predict_peak: Callable[..., Any]) -> None:
     before, (small, large) = worked_example_peaks([32, 64])
     ratio = large / small
     measured = "less-than-double" if ratio < 1.9 else "more-than-double" if ratio > 2.1 else "doubles"
-    with calling("predict_peak()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_peak()
-    expect_prediction(predicted, {"doubles": "twice the peak at batch 32, within 5 %",
+    expect_prediction(predict_peak, {"doubles": "twice the peak at batch 32, within 5 %",
                                   "less-than-double": "less than 1.9 times the peak at batch 32",
                                   "more-than-double": "more than 2.1 times the peak at batch 32"}, measured,
                       f"one training step peaked at {format_size(small)} with batch 32 and at {format_size(large)} "

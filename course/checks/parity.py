@@ -159,9 +159,7 @@ def check_predict_other_seed(predict_other_seed: Callable[..., Any]) -> None:
     accs = {seed: seeded_toy_accuracy(seed) for seed in (0, 1, 2)}
     again = seeded_toy_accuracy(0)
     measured = "different" if len(set(accs.values())) > 1 else "identical"
-    with calling("predict_other_seed()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_other_seed()
-    expect_prediction(predicted, {"identical": "the same accuracy from every seed",
+    expect_prediction(predict_other_seed, {"identical": "the same accuracy from every seed",
                                   "gpu-only": "the same on a CPU; different only on a GPU, from its kernels",
                                   "different": "another accuracy from another seed, on any device"}, measured,
                       "a tiny fp32 run on the CPU (a linear classifier on fixed data) gave " + ", ".join(

@@ -341,9 +341,7 @@ def check_predict_host_wait(predict_host_wait: Any) -> None:
              "10-to-50%": "the host waits a while, but spends most of the step on its own work",
              "over-50%": "the host spends most of the step waiting for the GPU"}
     measured = "under-10%" if share < 0.1 else "10-to-50%" if share < 0.5 else "over-50%"
-    with calling("predict_host_wait()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_host_wait()
-    expect_prediction(predicted, bands, measured,
+    expect_prediction(predict_host_wait, bands, measured,
                       f"on a simulated T4 the host of that loop waited for the GPU {share:.0%} of a step's wall time "
                       f"({waited_ms:.1f} of {wall_ms:.1f} ms) in the least disturbed of {len(steps)} steps (they read "
                       f"{min(steps)[0]:.0%} to {share:.0%}: a host held up by other programs waits a smaller share, "

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from course.checks import calling, check, expect_raises, expect_type, noting_warnings, passed
+from course.checks import check, expect_raises, expect_type, noting_warnings, passed
 from course.checks._predict import expect_prediction
 from course.simgpu import CostlyModel, gpu_session, gpu_work, simulated_cuda
 from course.timing import num_threads
@@ -353,9 +353,7 @@ def check_predict_stopwatch(predict_stopwatch: Callable) -> None:
     where = "a simulated T4" if sim.simulated else f"your {sim.spec.name}"
     ratio = stopwatch_ms / gpu_ms
     measured = "lower" if ratio < 0.8 else "higher" if ratio > 1.2 else "about-the-same"
-    with calling("predict_stopwatch()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_stopwatch()
-    expect_prediction(predicted, {"lower": "the stopwatch reads less than the GPU's time for the call",
+    expect_prediction(predict_stopwatch, {"lower": "the stopwatch reads less than the GPU's time for the call",
                                   "about-the-same": "within 20 % of it", "higher": "more than it"}, measured,
                       f"on {where} a call that keeps the GPU busy for {gpu_ms:.1f} ms read "
                       f"{stopwatch_ms:.3f} ms on the unsynchronised stopwatch (median of 3 calls)",

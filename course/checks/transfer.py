@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from course import transfer
-from course.checks import calling, check, expect_equal, expect_type, noting_warnings, passed
+from course.checks import check, expect_equal, expect_type, noting_warnings, passed
 from course.checks._predict import expect_prediction
 from course.simgpu import gpu_work, simulated_cuda
 
@@ -160,9 +160,7 @@ def check_predict_copy(predict_copy: Callable) -> None:
     else:
         figure = next(f for f in transfer.RECORDED_H2D if f.ratio)
     measured = "pinned" if figure.ratio > 1.2 else "pageable" if figure.ratio < 1 / 1.2 else "same"
-    with calling("predict_copy()", "return your prediction as one of the strings its docstring names"):
-        predicted = predict_copy()
-    expect_prediction(predicted, {"pinned": "pinned copies faster", "pageable": "pageable copies faster",
+    expect_prediction(predict_copy, {"pinned": "pinned copies faster", "pageable": "pageable copies faster",
                                   "same": "within 20 % of each other"}, measured,
                       f"on the {figure.gpu} pinned copies ran at {figure.pinned_gbps} GB/s and pageable ones at "
                       f"{figure.pageable_gbps} GB/s ({figure.ratio:.1f}x)",
