@@ -2,7 +2,9 @@
 
 Not taught in a lesson (08-distributed uses it through `course.distributed`). A worker receives a pickled call,
 runs it, destroys a process group the call left initialised (every job starts from a clean process), puts its working
-folder and environment back, and answers with a `RankResult`. Standard library only at import; torch when it runs.
+folder and environment back, and answers with a `RankResult`, which carries what the worker's guard heard during the
+job (`course._rankguard`: a forged record, an operation refused, a function replaced). Standard library only at
+import; torch when it runs.
 
 Process groups outlive the call that destroyed them (`keep_destroyed_groups`): with torch 2.13.0 a DDP model freed
 after `dist.destroy_process_group()` (the usual `try: ... finally: dist.destroy_process_group()` of a training
@@ -22,9 +24,11 @@ import pickle
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
+
+from course import _rankguard
 
 try:
     import cloudpickle
@@ -50,6 +54,7 @@ class RankResult:
     seconds: float = 0.0
     log: str = ""  # what the rank printed during the call (stdout and stderr)
     timed_out: bool = False
+    heard: list[str] = field(default_factory=list)  # what the worker refused or found forged (course._rankguard)
 
     @property
     def ok(self) -> bool:
@@ -90,25 +95,32 @@ def serve(fd: int) -> None:
     """The worker's loop: receive a pickled call, run it, send back a RankResult. Runs in the worker process."""
     conn = Connection(fd)
     started = time.perf_counter()
+    guard = _rankguard.install()  # before anything a job sends can run
     import torch
     import torch.distributed as dist
 
+    try:  # imported before any job, so that the worker's guard knows the checks' classes as written
+        import course.checks._distributed_jobs  # noqa: F401
+    except ImportError:  # a copy of the course without its checks
+        pass
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
     home, base_env = os.getcwd(), dict(os.environ)
     kept: list = []  # the groups destroyed during the job, released after it (see the module's docstring)
     keep_destroyed_groups(dist, kept)
+    is_initialized, destroy = dist.is_initialized, dist.destroy_process_group  # as set up: a job may replace them
     conn.send_bytes(f"ready {time.perf_counter() - started:.3f}".encode())  # the import's time: how busy we are
     while True:
         try:
             message = conn.recv_bytes()
         except EOFError:
             return
+        guard.mark()  # before unpacking: a job's objects may run code as they are rebuilt
         try:
             job = pickle.loads(message)
         except Exception as exc:  # noqa: BLE001 - e.g. a function that needs a module the worker cannot import
             conn.send_bytes(cloudpickle.dumps(RankResult(-1, error=f"the job could not be unpacked in the worker: "
-                                                                  f"{type(exc).__name__}: {exc}")))
+                                                                  f"{type(exc).__name__}: {exc}", heard=guard.take())))
             continue
         if job is None:
             return
@@ -121,10 +133,11 @@ def serve(fd: int) -> None:
             result.error = describe_error(exc)
             result.traceback = traceback.format_exc()
         result.seconds = time.perf_counter() - start
-        if dist.is_available() and dist.is_initialized():
+        result.heard = guard.take()  # and what the job replaced is put back
+        if dist.is_available() and is_initialized():
             result.group_left_initialised = True
             try:
-                dist.destroy_process_group()  # the next job starts from a clean process
+                destroy()  # the next job starts from a clean process
             except Exception:  # noqa: BLE001
                 pass
         gc.collect()  # a DDP model in a reference cycle goes now, while its group is still kept

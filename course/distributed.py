@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from course._rankguard import RANK_EVENT
 from course._rankworker import RankResult, cloudpickle
 
 __all__ = ["free_port", "RankResult", "Ranks", "ranks", "write_script", "torchrun", "TorchrunResult", "checkup"]
@@ -49,6 +50,7 @@ TIMEOUT_VARIABLE = "COURSE_RANKS_TIMEOUT"  # seconds: every job's time limit, wh
 PEER_GRACE_S = 20.0
 _DIED = "the worker process died (its log says why)"
 _LIBRARY_ROOT = str(Path(__file__).resolve().parent.parent)  # the folder that holds this `course` package
+_AUDIT = sys.audit  # bound at import, before notebook code runs
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -225,6 +227,8 @@ class Ranks:
             self._stop_now()  # the next job starts fresh workers
         for rank, result in results.items():
             result.log = logs[rank]
+            for what in result.heard:  # the grading kernel's guard holds the notebook for review (course._rankguard)
+                _AUDIT(RANK_EVENT, f"rank {rank}'s worker process: {what}")
         return [results[rank] for rank in range(self.world_size)]
 
     def limit(self, timeout: float | None = None) -> float:

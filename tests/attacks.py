@@ -258,7 +258,8 @@ class Forgery:
     mistake: tuple[str, str]  # (old, new) in the solution cell: the near miss
     forge: str                # code put in the answer's body right before its `return`, indented as the body is
     tries: str
-    heard: bool = True        # it edits a sealed log (course.ledger), which the grading kernel's guard hears and holds
+    heard: bool = True        # it edits a sealed log (course.ledger) or a rank worker's own functions
+    #                           (course._rankguard), which the grading kernel's guard hears and holds
 
 
 FORGERIES = [
@@ -405,4 +406,8 @@ FORGERIES = [
             except PermissionError:
                 pass
 ''', "never tries the compiled model, then edits the stand-in compiler's record of calls"),
+    Forgery("08-distributed/distributed.ipynb", "train_ddp", ("        dist.destroy_process_group()\n",
+                                                              "        pass\n"), '''
+    dist.is_initialized = lambda: False          # the worker's own look at the group left behind, told there is none
+    ''', "leaves its process group behind, then replaces dist.is_initialized in the rank's process"),
 ]

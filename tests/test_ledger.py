@@ -19,6 +19,7 @@ import torch
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from course import ledger
+from course._rankguard import RANK_EVENT
 from course.checks.compile import AutocastSpy, dtypes, optimizer_steps, scaler_calls
 from course.checks.device import Recorder
 from course.compile import stand_in_compile
@@ -35,7 +36,7 @@ HEARD: list[str] = []
 
 
 def _listen(event: str, args: tuple) -> None:
-    if event == ledger.AUDIT_EVENT:
+    if event in (ledger.AUDIT_EVENT, RANK_EVENT):   # what a rank worker reports comes as the second
         HEARD.append(str(args[0]))
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from course.distributed import free_port
+from course.ledger import Ledger, entry_point
 
 BAD_VALUES = (("RANK", "first"), ("WORLD_SIZE", "1.0"), ("LOCAL_RANK", ""))
 LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -107,21 +108,24 @@ def training_data() -> TensorDataset:
     return TensorDataset(torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g))
 
 
+@entry_point
 class Recording(Dataset):
-    """A dataset that remembers which items were read, in order; from `fail_after` reads on, reading raises."""
+    """A dataset that notes each item read, in order, in `reads`, a sealed log (`course.ledger`) that the job keeps a
+    reference of its own to: only this `__getitem__` writes there, so code that receives the dataset can neither make
+    up reads nor swap the log the job reads; from `fail_after` reads on, reading raises."""
 
-    def __init__(self, data: TensorDataset, fail_after: int | None = None) -> None:
+    def __init__(self, data: TensorDataset, reads: Ledger, fail_after: int | None = None) -> None:
         self.x, self.y = data.tensors
-        self.seen: list[int] = []
+        self._reads = reads
         self.fail_after = fail_after
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fail_after is not None and len(self.seen) >= self.fail_after:
+        if self.fail_after is not None and self._reads.size() >= self.fail_after:
             raise OSError("disk read failed (the check's dataset)")
-        self.seen.append(int(i))
+        self._reads.append(int(i))
         return self.x[i], self.y[i]
 
 
@@ -136,9 +140,10 @@ def rank_folders(prefix: str) -> str:
 def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None) -> tuple:
     """train_ddp in its own folder (so that we see who wrote what) on a Recording dataset: (result, items read)."""
     os.chdir(os.path.join(folder, f"rank{rank}"))
-    data = Recording(training_data(), fail_after)
+    reads = Ledger()
+    data = Recording(training_data(), reads, fail_after)
     epochs, batch_size, lr = args
-    return train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed), data.seen
+    return train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed), list(reads.entries())
 
 
 def shard_orders(size: int, world_size: int, epoch: int, seed: int, shuffle: bool = True) -> list[list[int]]:

@@ -19,6 +19,9 @@ MAX_LINE = 3800          # characters of one report line; a longer one is cut (f
 # raised by course.ledger (its AUDIT_EVENT) when a sealed log refuses a write or finds a record changed after it was
 # made: a forged fact the hidden tests rely on, held for review wherever it came from
 FORGED_EVENT = "course.forged_record"
+# raised by course.distributed's Ranks.run (course._rankguard.RANK_EVENT) for each thing a rank worker refused or found
+# forged while it ran the notebook's code in a process of its own: held for review like the kernel's own
+RANK_EVENT = "course.rank_worker"
 # raised by the guard itself when code other than its own asks for its state (imports._keep_guard): held for review
 REACHED_EVENT = "grader.guard_reached"
 

@@ -14,7 +14,7 @@ import weakref
 if __name__ != "__grader_guard__":  # imported by the grader; in a grading kernel the files share one namespace
     from grader.guard.blame import _Blame, _timeit_code
     from grader.guard.cells import _Unshadow
-    from grader.guard.contract import FORGED_EVENT, REACHED_EVENT, report_line
+    from grader.guard.contract import FORGED_EVENT, RANK_EVENT, REACHED_EVENT, report_line
     from grader.guard.hooks import _CellHooks, _on_post_run_cell, _on_pre_run_cell
     from grader.guard.imports import _GUARD_FILES, _guard, _TrustedFinder
     from grader.guard.policy import (
@@ -175,6 +175,8 @@ class Guard(_Verify, _CellHooks, _Blame):
             self._forged_record(args)
         if event == REACHED_EVENT and self._armed:
             self._forged_record(args, "reached for the grader's guard: ")
+        if event == RANK_EVENT and self._armed:
+            self._forged_record(args, "")   # it says which rank's process, and what
 
         if event in BLOCKED_EVENTS:
             if not self._armed or (event != "sys.addaudithook" and self._allow_trace):
@@ -235,8 +237,9 @@ class Guard(_Verify, _CellHooks, _Blame):
         return _cell_code(filename) and self._student_files.get(filename) is None and self._student_cell is None
 
     def _forged_record(self, args, prefix="forged a record the hidden tests rely on: "):
-        """Report for review what a forged record (FORGED_EVENT) or a reach for the guard (REACHED_EVENT) raised, with
-        the innermost frame of the student's on the stack (a test cell's, when none is)."""
+        """Report for review what a forged record (FORGED_EVENT), a rank worker's report (RANK_EVENT) or a reach for
+        the guard (REACHED_EVENT) raised, with the innermost frame of the student's on the stack (a test cell's, when
+        none is)."""
         cell, line = "a test cell", 0
         try:
             frame = sys._getframe(2)
