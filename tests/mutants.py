@@ -106,7 +106,7 @@ EQUIVALENT: dict[str, str] = {
         "{type(error).__name__}: {error}\",\\n                      RuntimeWarning, stacklevel=2)' -> 'warnings.warn("
         "f\"torch.compile failed, running the model eagerly: {type(error).__name__}: {error}\", RuntimeWarning)'",
         "safe_compile:12:49 constant_changed: '2' -> '4'")},
-    "compile_report:22:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
+    "compile_report:23:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
         "torch.utils.benchmark's own synchronisation: no GPU work is queued when the clock starts",
     "fit:39:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
         "the compiled code is guarded on the module's mode, so the first training step recompiles (a cost, not a "

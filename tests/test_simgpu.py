@@ -322,8 +322,8 @@ def test_tensors_and_module_parameters_report_the_gpu(sim):
 
 
 def test_device_mismatch_raises_as_on_a_real_gpu(sim):
-    """CPU targets with GPU logits (the classic), a CPU tensor added in forward, or a CPU total that a GPU value is added
-    to in place, raise; 0-dim CPU scalars as inputs do not."""
+    """CPU targets with GPU logits (the classic), a CPU tensor added in forward, or a CPU total that a GPU value is
+    added to in place, raise; 0-dim CPU scalars as inputs do not."""
     logits = torch.randn(4, 3, device="cuda")
     targets = torch.tensor([0, 1, 2, 0])
     with pytest.raises(RuntimeError, match="same device"):

@@ -152,6 +152,10 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
                   f"{what} model's calls took {_longest_ms(log):.3f} ms",
                   "milliseconds per call: the mean time of one call in seconds, times 1000")
         eager_modes, compiled_modes = eager.calls(), compiled.calls()
+        for what, modes in (("eager", eager_modes), ("compiled", compiled_modes)):
+            check(len(modes) <= iters + 12, f"with iters={iters} the {what} model was called {len(modes)} times: more "
+                  f"than {iters} timed calls, a warm-up of at most 10 and the calls for the outputs compared",
+                  "time exactly iters calls of each model (Timer(...).timeit(iters)) after a short warm-up")
         eager_off = sum(mode is False for mode in eager_modes)
         check(eager_off >= iters, f"only {eager_off} of the eager model's {len(eager_modes)} calls ran without "
               f"autograd (iters={iters})", "measure inference: time the eager model inside torch.no_grad()")
