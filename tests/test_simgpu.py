@@ -322,7 +322,8 @@ def test_tensors_and_module_parameters_report_the_gpu(sim):
 
 
 def test_device_mismatch_raises_as_on_a_real_gpu(sim):
-    """CPU targets with GPU logits (the classic), or a CPU tensor added in forward, raise; 0-dim CPU scalars do not."""
+    """CPU targets with GPU logits (the classic), a CPU tensor added in forward, or a CPU total that a GPU value is
+    added to in place, raise; 0-dim CPU scalars as inputs do not."""
     logits = torch.randn(4, 3, device="cuda")
     targets = torch.tensor([0, 1, 2, 0])
     with pytest.raises(RuntimeError, match="same device"):
@@ -330,6 +331,14 @@ def test_device_mismatch_raises_as_on_a_real_gpu(sim):
     with pytest.raises(RuntimeError, match="same device"):
         logits + torch.zeros(3)
     assert (logits * torch.tensor(2.0)).is_cuda, "a 0-dim CPU tensor is allowed, as in real CUDA"
+    total = torch.zeros(())  # a 0-dim CPU tensor as the output of an in-place op: real CUDA refuses it too
+    with pytest.raises(RuntimeError, match="same device"):
+        total += logits.sum()
+    with pytest.raises(RuntimeError, match="same device"):
+        total.add_(logits.sum())
+    on_gpu = torch.zeros((), device="cuda")
+    on_gpu += torch.tensor(2.0)  # a 0-dim CPU input to a GPU output is allowed
+    assert on_gpu.is_cuda and on_gpu.item() == 2.0
     assert nn.functional.cross_entropy(logits, targets.to("cuda")).is_cuda
     with pytest.raises(TypeError, match="Tensor.cpu"):
         logits.numpy()

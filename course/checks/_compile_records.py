@@ -8,6 +8,7 @@ anything but torch is refused and reported, `course.ledger.AUDIT_EVENT`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -39,9 +40,15 @@ def _refuse(what: str) -> None:
 
 @entry_point
 class _StepHooks(tuple):
-    """The hooks of `optimizer_steps`, writing to its sealed log (`course.ledger`): ("grad", id, squared norm) for
-    each gradient backward accumulates, ("step", optimizer, lr, found) for each optimizer step."""
+    """The hooks of `optimizer_steps`, writing to its sealed log (`course.ledger`): ("fresh", id, squared norm) for
+    each gradient a backward computes, ("grad", id, squared norm) for each parameter's .grad once backward has added
+    it in, ("step", optimizer, lr, found) for each optimizer step."""
     __slots__ = ()
+
+    def computed(self, key: int, grad: torch.Tensor) -> None:
+        if not _from_torch(sys._getframe(1)):
+            _refuse("called optimizer_steps' gradient hook from outside autograd")
+        self[0].append(("fresh", key, float(grad.detach().double().pow(2).sum())))
 
     def accumulated(self, p: torch.Tensor) -> None:
         if not _from_torch(sys._getframe(1)):
@@ -58,21 +65,27 @@ class _StepHooks(tuple):
 
 class Steps(tuple):
     """The optimizer steps `optimizer_steps` recorded, read afresh from its sealed log at every use: a sequence of
-    {"optimizer", "lr"} dicts, with "raw" and "found" when a model was given."""
+    {"optimizer", "lr"} dicts, with "raw", "fresh" and "found" when a model was given."""
     __slots__ = ()
 
     def _all(self) -> list[dict[str, Any]]:
         book, with_norms = tuple.__getitem__(self, 0), tuple.__getitem__(self, 1)  # not self's own iteration
         steps: list[dict[str, Any]] = []
         raw: dict[int, float] = {}
+        fresh: dict[int, float] = {}
         for entry in book.entries():
+            if entry[0] == "fresh":
+                fresh[entry[1]] = entry[2]  # the last backward's own gradient
+                continue
             if entry[0] == "grad":
                 raw[entry[1]] = entry[2]
                 continue
             step = {"optimizer": entry[1], "lr": entry[2]}
             if with_norms:
                 step["raw"], step["found"] = math.sqrt(sum(raw.values())), entry[3]
+                step["fresh"] = math.sqrt(sum(fresh.values()))
             raw.clear()
+            fresh.clear()
             steps.append(step)
         return steps
 
@@ -89,12 +102,14 @@ class Steps(tuple):
 @contextlib.contextmanager
 def optimizer_steps(model: nn.Module | None = None) -> Iterator[Steps]:
     """Every optimizer step taken inside the block, in order: {"optimizer", "lr"} and, for `model`, "raw" (the
-    2-norm over all its parameters of the gradients the last backward produced) and "found" (the norm of the
+    2-norm over all its parameters of their .grad after the last backward), "fresh" (the norm of the gradients that
+    backward computed, which equals "raw" when the gradients were zeroed before it) and "found" (the norm of the
     gradients the optimizer steps with, after any clipping or unscaling). Kept in a sealed log (`course.ledger`):
     the code under test, which steps the optimizer, cannot change what a test reads."""
     params = tuple(p for p in model.parameters() if p.requires_grad) if model is not None else ()
     hooks = _StepHooks((Ledger(), params))
     handles = [p.register_post_accumulate_grad_hook(hooks.accumulated) for p in params]
+    handles += [p.register_hook(functools.partial(hooks.computed, id(p))) for p in params]
     handles.append(register_optimizer_step_pre_hook(hooks.before_step))
     try:
         yield Steps((hooks[0], bool(params)))

@@ -12,10 +12,13 @@ from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader, Subset
 
 from course.checks import check, expect_type, passed
 from course.checks._compile_fit import _CPU, _complete, _fitted, _mlp, _small, noted_warnings
 from course.checks._compile_records import AutocastSpy, optimizer_steps, scaler_calls
+from course.compile import stand_in_compile
+from course.data import digits
 from course.simgpu import CostlyModel, gpu_session
 
 __all__ = ["check_fit_precision", "check_fit_scheduler", "check_fit_clipping"]
@@ -55,20 +58,8 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
                 else:
                     check(counts["scale"] == 0, f"with precision={precision!r} an enabled GradScaler scaled the loss",
                           "only fp16 needs a scaler: enable the GradScaler exactly for float16")
-        with gpu_session("T4") as sim:
-            history = _fitted(fit, CostlyModel(64, 10, ms_per_call=1.0), train, val, epochs=1, device=sim.device,
-                              precision="auto")
-            capability = tuple(torch.cuda.get_device_capability(sim.device))
-            name = torch.cuda.get_device_name(sim.device)
-            used = {r.dtype for r in sim.autocast_regions if r.enabled}
-            scaled = sum(c.method == "scale" and c.enabled for c in sim.scaler_calls)
-        _complete(history, 1, f"on a {name}")
-        want = torch.bfloat16 if capability >= (8, 0) else torch.float16
-        check(used == {want}, f"on a {name} (capability {capability}) precision='auto' ran autocast in "
-              f"{sorted(map(str, used))}, not {want}", "the rule of 04-amp: bf16 only from compute capability 8.0 "
-              "(torch.cuda.is_bf16_supported() says True on a T4, where bf16 is only emulated)")
-        check((scaled > 0) == (want == torch.float16), f"on a {name} with {want} the GradScaler was "
-              f"{'enabled' if scaled else 'not enabled'}", "enable the GradScaler exactly for float16")
+        for gpu in ("T4", "A100"):  # on the A100 compiled (a stand-in), from pinned batches
+            _check_auto_on(fit, gpu, compile=gpu == "A100")
         try:
             fit(AutocastSpy(_mlp(8)), train, val, epochs=1, device="cpu", precision="fp8")
         except ValueError as error:
@@ -82,6 +73,36 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
                   "raise ValueError for a precision other than 'auto', 'fp32', 'fp16' or 'bf16'")
     passed("fit trains under autocast in the precision asked for (bf16 on a CPU for 'auto', fp16 on a T4), with an "
            "enabled GradScaler exactly for fp16, and refuses an unknown precision")
+
+
+def _check_auto_on(fit: Callable[..., Any], gpu: str, compile: bool) -> None:
+    """precision="auto" on a (simulated) `gpu`, from pinned batches: the autocast dtype of every enabled region
+    (training, validation and, with `compile`, the stand-in compiler's first call), the GradScaler, blocking copies."""
+    __tracebackhide__ = True
+    data = digits()
+    pinned = {"batch_size": 32, "pin_memory": True}
+    with gpu_session(gpu) as sim, stand_in_compile():
+        train = DataLoader(Subset(data.train, range(128)), shuffle=True, **pinned)
+        history = _fitted(fit, CostlyModel(64, 10, ms_per_call=1.0), train,
+                          DataLoader(Subset(data.val, range(64)), **pinned), epochs=1, device=sim.device,
+                          precision="auto", compile=compile)
+        capability = tuple(torch.cuda.get_device_capability(sim.device))
+        name = torch.cuda.get_device_name(sim.device)
+        used = {r.dtype for r in sim.autocast_regions if r.enabled}
+        scaled = sum(c.method == "scale" and c.enabled for c in sim.scaler_calls)
+        blocking = sum(not c.non_blocking for c in sim.h2d_copies)
+    _complete(history, 1, f"on a {name}")
+    want = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    where = " (compile=True: the compiling first call, training and validation)" if compile else ""
+    check(used == {want}, f"on a {name} (capability {capability}) precision='auto' ran autocast in "
+          f"{sorted(map(str, used))}, not {want}{where}", "the rule of 04-amp: bf16 only from compute capability 8.0 "
+          "(torch.cuda.is_bf16_supported() says True on a T4, where bf16 is only emulated), and that dtype in every "
+          "autocast: training, validation and safe_compile's first call")
+    check((scaled > 0) == (want == torch.float16), f"on a {name} with {want} the GradScaler was "
+          f"{'enabled' if scaled else 'not enabled'}", "enable the GradScaler exactly for float16")
+    check(blocking <= 2, f"on a {name}{' with compile=True' if compile else ''} {blocking} copies to the GPU were "
+          "blocking, more than the model's 2 weight tensors", "copy every batch with .to(device, non_blocking=True), "
+          "the example batch you compile with included")
 
 
 def _rates(values: list[float]) -> str:
@@ -139,6 +160,10 @@ def check_fit_clipping(fit: Callable[..., Any]) -> None:
         check(len(steps) == 2 * len(train), f"the optimizer stepped {len(steps)} times for {2 * len(train)} training "
               "batches", "one optimizer step per training batch")
         for step in steps:
+            check(math.isclose(step["raw"], step["fresh"], rel_tol=1e-6, abs_tol=1e-12),
+                  f"an optimizer step found gradients of norm {step['raw']:.4g} before clipping, but the last "
+                  f"backward computed gradients of norm {step['fresh']:.4g}: gradients of earlier batches were "
+                  "still in .grad", "zero the gradients before every backward: optimizer.zero_grad(set_to_none=True)")
             want = min(step["raw"], limit)
             check(math.isclose(step["found"], want, rel_tol=1e-3, abs_tol=1e-9),
                   f"with clip_grad_norm={limit:.3f} an optimizer step found gradients of norm {step['found']:.4g}; "

@@ -152,6 +152,10 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
                   f"{what} model's calls took {_longest_ms(log):.3f} ms",
                   "milliseconds per call: the mean time of one call in seconds, times 1000")
         eager_modes, compiled_modes = eager.calls(), compiled.calls()
+        for what, modes in (("eager", eager_modes), ("compiled", compiled_modes)):
+            check(len(modes) <= iters + 12, f"with iters={iters} the {what} model was called {len(modes)} times: more "
+                  f"than {iters} timed calls, a warm-up of at most 10 and the calls for the outputs compared",
+                  "time exactly iters calls of each model (Timer(...).timeit(iters)) after a short warm-up")
         eager_off = sum(mode is False for mode in eager_modes)
         check(eager_off >= iters, f"only {eager_off} of the eager model's {len(eager_modes)} calls ran without "
               f"autograd (iters={iters})", "measure inference: time the eager model inside torch.no_grad()")
@@ -168,9 +172,15 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
         x = torch.randn(16)
         for largest, where in ((random.uniform(4e-3, 8e-3), "above"), (-random.uniform(4e-3, 8e-3), "below")):
             offset = _mixed_offset(16, largest)
+            slow = _Pause(2.5, 0.04)
+            eager = slow.log  # kept here: compile_report receives the model
             with stand_in_compile(first_call_s=0.05, run=_compiled_version(offset, 10.0, _compiled_log())):
-                report = _report(compile_report, _Pause(2.5, 0.04), x, 3, f"(compiled outputs off by up to "
-                                                                            f"{abs(largest):.4f} {where} eager)")
+                report = _report(compile_report, slow, x, 3, f"(compiled outputs off by up to "
+                                                             f"{abs(largest):.4f} {where} eager)")
+            # 40 ms calls: a mean above 1.5 times the longest call needs a pause of 60 ms among 3 timed calls
+            check(report["eager_ms"] <= 1.5 * _longest_ms(eager) + 2, f"eager_ms is {report['eager_ms']:.4g}, but "
+                  f"the longest of the eager model's calls took {_longest_ms(eager):.3f} ms",
+                  "milliseconds per call: the mean time of one call in seconds, times 1000")
             check(report["speedup"] > 1.2,
                   f"speedup is {report['speedup']:.2f}, but the compiled version is about 10 times faster here",
                   "speedup = eager_ms / compiled_ms (above 1 means compiled is faster)")

@@ -26,7 +26,7 @@ What is modelled
   with `device="cuda"` (or `device=x.device`) and `torch.load(map_location="cuda")` keep the data on the CPU but the
   tensor reports `.device == torch.device("cuda", 0)`, `.is_cuda`, prints with `device='cuda:0'`. Results of
   operations on such tensors (outputs of a forward, views, gradients, optimizer state) are on the GPU too. An
-  operation that mixes a GPU tensor with a CPU tensor (other than a 0-dim one) in arithmetic, matmul, linear, conv,
+  operation that mixes a GPU tensor with a CPU tensor (other than a 0-dim input) in arithmetic, matmul, linear, conv,
   losses, comparisons or cat raises "Expected all tensors to be on the same device", as on a real GPU;
   `.numpy()` of a GPU tensor raises TypeError as real torch does. `pin_memory()` / `is_pinned()` work.
 - The stream: `gpu_work(ms)` (and `CostlyModel`'s forward) queues work: the GPU is busy until

@@ -32,7 +32,12 @@ matmul __matmul__ __rmatmul__ mm bmm addmm baddbmm dot outer einsum linear bilin
 cross_entropy nll_loss mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy binary_cross_entropy_with_logits
 eq ne lt le gt ge __eq__ __ne__ __lt__ __le__ __gt__ __ge__ cat concat concatenate stack hstack vstack
 maximum minimum where embedding batch_norm layer_norm group_norm masked_fill lerp addcmul addcdiv
+__iadd__ __isub__ __imul__ __itruediv__
 """.split())
+# In-place operations, whose first tensor is also the output: real CUDA lets a 0-dim CPU tensor in as an input (a
+# scalar), never as the output (TensorIterator's device check), so `cpu_total += gpu_loss` raises even for 0-dim.
+IN_PLACE = frozenset(name for name in SAME_DEVICE if name.endswith("_") and not name.startswith("__")) | {
+    "__iadd__", "__isub__", "__imul__", "__itruediv__"}
 
 # Calls that make a real GPU wait for the stream, because their result reaches the host or shapes the output.
 SYNCING: dict[Callable, str] = {
@@ -142,8 +147,9 @@ class Dispatcher:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if name in SAME_DEVICE:
-            for t in tensors:
-                if t.dim() > 0 and TB.device.__get__(t).type == "cpu" and not rt.is_sim(t):
+            for i, t in enumerate(tensors):
+                output = i == 0 and name in IN_PLACE
+                if (t.dim() > 0 or output) and TB.device.__get__(t).type == "cpu" and not rt.is_sim(t):
                     raise RuntimeError(
                         f"Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
                         f"cpu! (simulated CUDA, in {name}(): a tensor of shape {tuple(t.shape)} is still on the CPU; "
