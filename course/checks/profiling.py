@@ -403,6 +403,6 @@ def check_predict_host_wait(predict_host_wait: Any) -> None:
                       "`.item()` hands the host a number the GPU has not computed yet, so it stops the host until "
                       "the GPU has finished everything queued: the whole step's GPU work, which the host queued in a "
                       "moment. The host's own share of the step is preparing the batch, and while it does, the GPU "
-                      "has nothing queued: the two take turns instead of overlapping, the shape section 4 calls "
-                      "sync-bound. Keep running sums on the device and read them every N steps: then the host "
+                      "has nothing queued: the two take turns instead of overlapping, a story of section 4. Keep "
+                      "running sums on the device and read them every N steps: then the host "
                       "prepares the next batch while the GPU works (section 4)")
