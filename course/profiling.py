@@ -1,9 +1,10 @@
-"""Lesson helpers for 09-profiling: quiet profiler logs, four workloads with a known bottleneck, datasheet peaks, a
-roofline plot and a timeline plot of a Chrome trace.
+"""Lesson helpers for 09-profiling: quiet profiler logs, four workloads to diagnose, datasheet peaks, a roofline plot
+and a timeline plot of a Chrome trace.
 
-Introduced in 09-profiling. Nothing here profiles, reads a breakdown out of a trace, counts FLOPs or diagnoses a
-run: those are the notebook's exercises. The workloads declare their GPU time with `course.simgpu.gpu_work`, so
-they run on a simulated GPU (a CPU machine) and on a real one (where `gpu_work` spins the GPU) alike.
+Introduced in 09-profiling. Nothing here profiles, reads a breakdown out of a trace, counts FLOPs, diagnoses a run or
+chooses the peak a step is measured against: those are the notebook's exercises. The workloads declare their GPU time
+with `course.simgpu.gpu_work`, so they run on a simulated GPU (a CPU machine) and on a real one (where `gpu_work`
+spins the GPU) alike. They are named by letter, not by what the notebook finds out about them.
 """
 from __future__ import annotations
 
@@ -19,40 +20,35 @@ from course.simgpu import gpu_work
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["KINDS", "PEAKS", "peak_key", "quiet_profiler_logs", "workload", "roofline_plot", "timeline_plot"]
+__all__ = ["BANDWIDTH", "KINDS", "PEAKS", "SOURCES", "quiet_profiler_logs", "workload", "roofline_plot",
+           "timeline_plot"]
 
-KINDS = ("input-bound", "sync-bound", "launch-bound", "compute-bound")
+KINDS = ("A", "B", "C", "D")
 
-# Dense (no 2:4 sparsity) Tensor Core peaks in TFLOP/s for bf16/fp16 inputs with fp32 accumulation, and memory
-# bandwidth in GB/s: (peak TFLOP/s, GB/s, where the figures come from). NVIDIA's datasheets print the sparse figure
-# (twice the dense one) with an asterisk; MFU is measured against the dense one. Only the figures we could check are
-# here; look the others up in the datasheet of your GPU (nvidia.com, "<GPU> datasheet").
-PEAKS: dict[str, tuple[float, float, str]] = {
-    "A100 SXM (bf16)": (312.0, 2039.0, "NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), "
-                                       "as tabulated at glennklockwood.com/garden/processors/A100; 80 GB SXM "
-                                       "bandwidth"),
-    "H100 SXM (bf16)": (989.4, 3350.0, "NVIDIA H100 datasheet: 1,979 TFLOPS 'shown with sparsity, 1/2 lower "
-                                       "without' (copied at archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html; "
-                                       "989.4 dense at glennklockwood.com/garden/processors/h100)"),
-    "H100 PCIe (bf16)": (756.5, 2000.0, "NVIDIA H100 datasheet, PCIe column: 1,513 TFLOPS 'shown with sparsity, 1/2 "
-                                        "lower without', 2,000 GB/s (copied at archive-lib.hpctech.co.jp/gpuproduct/"
-                                        "nvidia-h100.html)"),
-    "H200 SXM (bf16)": (989.4, 4800.0, "NVIDIA H200 datasheet: 4.8 TB/s; the same GH100 Tensor Cores as the H100 "
-                                       "SXM, 1,979 TFLOPS with sparsity (glennklockwood.com/garden/processors/h100)"),
+# Dense (no 2:4 sparsity) peaks in TFLOP/s of each product, by the dtype of the step's matrix products: bf16 and fp16
+# on the Tensor Cores (fp32 accumulation), and plain fp32 (TF32 is off for matrix products by default in PyTorch, so
+# an fp32 step runs at the fp32 figure). NVIDIA's datasheets print the sparse figure (twice the dense one) with an
+# asterisk; MFU is measured against the dense one. Only the figures we could check are here: a product or a dtype
+# that is missing has no checked figure (look it up in the datasheet of your GPU: nvidia.com, "<GPU> datasheet").
+PEAKS: dict[str, dict[torch.dtype, float]] = {
+    "A100 SXM": {torch.bfloat16: 312.0, torch.float16: 312.0, torch.float32: 19.5},
+    "H100 SXM": {torch.bfloat16: 989.4, torch.float16: 989.4, torch.float32: 66.9},
+    "H100 PCIe": {torch.bfloat16: 756.5, torch.float16: 756.5, torch.float32: 51.0},
+    "H200 SXM": {torch.bfloat16: 989.4, torch.float16: 989.4},
 }
-# The names torch.cuda.get_device_name() gives these GPUs, by the part of the name that tells them apart. The NVL
-# cards (H100 NVL, H200 NVL) and the A100 PCIe have other figures, not checked here: peak_key says None for them.
-_NAMED = (("H200", "H200 SXM (bf16)"), ("H100 PCIE", "H100 PCIe (bf16)"), ("H100", "H100 SXM (bf16)"),
-          ("A100-SXM", "A100 SXM (bf16)"))
-
-
-def peak_key(device_name: str) -> str | None:
-    """The PEAKS entry of the GPU that torch.cuda.get_device_name() calls `device_name` ("NVIDIA H100 80GB HBM3" is an
-    H100 SXM, "NVIDIA H100 PCIe" is not), or None where this module has no checked figure for that exact product."""
-    name = device_name.upper()
-    if "NVL" in name:
-        return None
-    return next((key for part, key in _NAMED if part in name), None)
+# Memory bandwidth in GB/s, for the roofline.
+BANDWIDTH: dict[str, float] = {"A100 SXM": 2039.0, "H100 SXM": 3350.0, "H100 PCIe": 2000.0, "H200 SXM": 4800.0}
+SOURCES: dict[str, str] = {
+    "A100 SXM": "NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), as tabulated at "
+                "glennklockwood.com/garden/processors/A100: 312 dense bf16/fp16, 19.5 fp32; 80 GB SXM bandwidth",
+    "H100 SXM": "NVIDIA H100 datasheet: 1,979 TFLOPS bf16 'shown with sparsity, 1/2 lower without' (copied at "
+                "archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html; 989.4 dense and 66.9 fp32 at "
+                "glennklockwood.com/garden/processors/h100)",
+    "H100 PCIe": "NVIDIA H100 datasheet, PCIe column: 1,513 TFLOPS bf16 'shown with sparsity, 1/2 lower without', "
+                 "51 fp32, 2,000 GB/s (copied at archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html)",
+    "H200 SXM": "NVIDIA H200 datasheet: 4.8 TB/s; the same GH100 Tensor Cores as the H100 SXM, 1,979 TFLOPS with "
+                "sparsity (glennklockwood.com/garden/processors/h100); its fp32 figure is not checked here",
+}
 
 
 def quiet_profiler_logs() -> None:
@@ -69,27 +65,26 @@ def _sleep_ms(ms: float) -> None:
 
 
 def workload(kind: str, device: torch.device | str, *, gpu_speed: float = 1.0) -> dict[str, Callable[[], Any]]:
-    """One training step whose bottleneck is `kind` (one of KINDS), as named regions run in order.
+    """One training step of workload `kind` (one of KINDS), as named regions run in order.
 
-    The regions: "data" (the host prepares a batch and copies it), "step" (GPU work declared with gpu_work) and,
-    for "sync-bound", "log" (an `.item()` every step). `gpu_speed` divides the GPU's share of the work (a faster
-    GPU, fewer milliseconds per step): the bottleneck stays the same for speeds between 1 and 3. Tiny kernels
-    stay tiny at any speed: their launches are the bottleneck.
+    The regions: "data" (the host prepares a batch and copies it), "step" (GPU work declared with gpu_work) and, in
+    one of them, "log" (an `.item()` every step). `gpu_speed` divides the GPU's share of the work (a faster GPU,
+    fewer milliseconds per step): what limits each workload stays the same for speeds between 1 and 3. Tiny kernels
+    stay tiny at any speed.
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: use one of {KINDS}")
     if not gpu_speed > 0:
         raise ValueError(f"gpu_speed={gpu_speed!r} must be positive")
     device = torch.device(device)
-    # Margins for a loaded machine, whose host oversleeps and stalls. sync-bound: the GPU is busy (and the host waits)
-    # 11 / (3 + 11) = 79% of a step at speed 1, under compute-bound's 80%, and 3.7 / (3 + 3.7) = 55% at speed 3, so
-    # it stays over sync-bound's 25% until the host's share is 3.7 times longer (with 6 ms of GPU work a busy run read
-    # 24%; with 9 ms, full test sessions at a load average of 5 on 2 cores stretched the host 3-4 times and read 22%).
-    # compute-bound: 120 / 3 ms of kernels a step at speed 3 leave room for the host's first step and stalls (with
-    # 25 ms, 3 busy loops on 2 cores read 73-79% busy over 4 steps; with 40 ms, a test session with 4 workers on
-    # 2 cores read 74%)
-    host_ms, gpu_ms, kernels = {"input-bound": (12.0, 2.0, 1), "sync-bound": (3.0, 11.0, 1),
-                                "launch-bound": (0.0, 0.0003, 150), "compute-bound": (0.5, 120.0, 1)}[kind]
+    # (host ms, GPU ms per kernel, kernels) of a step. The margins are for a loaded machine, whose host oversleeps and
+    # stalls (tests/test_profiling.py says what each figure keeps apart). D: the GPU is busy 11 / (3 + 11) = 79% of a
+    # step at speed 1 and 3.7 / (3 + 3.7) = 55% at speed 3 (with 6 ms of GPU work a busy run read 24% waiting; with
+    # 9 ms, test sessions at a load average of 5 on 2 cores stretched the host 3-4 times and read 22%). A: 120 / 3 ms
+    # of kernels a step at speed 3 leave room for the host's first step and stalls (with 25 ms, 3 busy loops on
+    # 2 cores read 73-79% busy over 4 steps; with 40 ms, a test session with 4 workers on 2 cores read 74%).
+    host_ms, gpu_ms, kernels = {"A": (0.5, 120.0, 1), "B": (12.0, 2.0, 1), "C": (0.0, 0.0003, 150),
+                                "D": (3.0, 11.0, 1)}[kind]
     batch = torch.randn(64, 32)
     state: dict[str, Any] = {}
 
@@ -99,14 +94,14 @@ def workload(kind: str, device: torch.device | str, *, gpu_speed: float = 1.0) -
 
     def step() -> None:
         for _ in range(kernels):
-            gpu_work(gpu_ms if kernels > 1 else gpu_ms / gpu_speed, device, label=f"{kind} kernel")
+            gpu_work(gpu_ms if kernels > 1 else gpu_ms / gpu_speed, device, label=f"workload {kind}")
         state["loss"] = state["x"].sum()
 
     def log() -> None:
         state["loss"].item()  # waits for the GPU to finish everything queued so far
 
     regions: dict[str, Callable[[], Any]] = {"data": data, "step": step}
-    if kind == "sync-bound":
+    if kind == "D":
         regions["log"] = log
     return regions
 

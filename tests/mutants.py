@@ -74,7 +74,7 @@ EQUIVALENT: dict[str, str] = {
     "time_breakdown:20:27 arguments_swapped: 'max(start, reached)' -> 'max(reached, start)'": "max is symmetric",
     **{f"time_breakdown:{at} constant_changed: '0' -> '1'": _DUR
        for at in ("14:37", "15:56", "26:76", "30:42", "31:42", "32:40")},
-    "step_mfu:10:4 keyword_dropped: 'model.zero_grad(set_to_none=True)' -> 'model.zero_grad()'":
+    "step_mfu:17:4 keyword_dropped: 'model.zero_grad(set_to_none=True)' -> 'model.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0 (the course needs 2.4)",
     **{f"pick_device:29:{change}": "the verb of the message ('is'/'are'): the contract asks that the message names "
        "the device asked for and lists the available ones" for change in (

@@ -2,9 +2,10 @@
 
 Each check exercises what the function's docstring states, with expectations worked out from first principles: a
 hand-made Chrome trace whose figures are known, a real torch.profiler trace of work of known length, a simulated
-GPU's trace of declared work, FLOPs counted by hand (2·m·n·k per matrix product), breakdowns placed on each side
-of the lesson's thresholds. More is checked at grading (other GPUs, other shapes, the four workloads). The
-prediction's check measures how long its workload's host waits for the GPU, from a simulated T4's own records.
+GPU's trace of declared work, FLOPs counted by hand (2·m·n·k per matrix product), the lesson's table of device
+names and peaks, breakdowns that show several signs at once or sit on each side of a threshold. More is checked at
+grading (other GPUs, other shapes, other device names, the four workloads). The prediction's check measures how
+long its workload's host waits for the GPU, from a simulated T4's own records.
 """
 from __future__ import annotations
 
@@ -213,9 +214,35 @@ def _mlp(sizes: tuple[int, int, int]) -> nn.Module:
     return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c))
 
 
+# What torch.cuda.get_device_name() calls each product of the lesson's table (None: a product PEAKS has no figure for)
+_PRODUCTS = {"NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe", "NVIDIA H100 NVL": None,
+             "NVIDIA A100-SXM4-80GB": "A100 SXM", "NVIDIA A100-SXM4-40GB": "A100 SXM", "NVIDIA A100 80GB PCIe": None,
+             "NVIDIA H200": "H200 SXM", "NVIDIA H200 NVL": None, "CPU": None}
+_PEAK_CASES = [("NVIDIA H100 80GB HBM3", torch.float32), ("NVIDIA A100-SXM4-40GB", torch.bfloat16),
+               ("NVIDIA H200", torch.float16), ("NVIDIA H100 PCIe", torch.float32), ("NVIDIA H100 NVL", torch.bfloat16),
+               ("NVIDIA A100 80GB PCIe", torch.bfloat16), ("NVIDIA H200", torch.float32), ("CPU", torch.float32)]
+
+
+def _peak_fix(name: str, dtype: torch.dtype, mfu: Any, flops: int, step_ms: float) -> str:
+    """The Fix for a wrong MFU: the peak it was measured against, when that is another entry of PEAKS, else units."""
+    product = _PRODUCTS[name]
+    want = profiling.PEAKS[product][dtype]
+    used = [(p, d) for p, figures in profiling.PEAKS.items() for d, peak in figures.items()
+            if isinstance(mfu, float) and math.isclose(mfu, flops / (step_ms / 1e3) / (peak * 1e12), rel_tol=1e-6)]
+    if used and all(p != product for p, _ in used):
+        return (f"{name!r} is the {product}, not the {used[0][0]}: each product has its own figures; use PEAKS"
+                f"[{product!r}] ({want} TFLOP/s in {dtype})")
+    if used:
+        return (f"that is the {product}'s peak for {used[0][1]}, but the step's matrix products ran in {dtype}: use "
+                f"its {dtype} figure, {want} TFLOP/s")
+    return (f"achieved FLOP/s = flops / (step_ms / 1000); divide by the {product}'s dense {dtype} peak, {want} "
+            "TFLOP/s, times 1e12; a fraction, not a percentage")
+
+
 @noting_warnings_in("step_mfu")
 def check_step_mfu(step_mfu: Any) -> None:
-    """step_mfu: the FLOPs of forward + backward counted by hand for an MLP, and the MFU from them."""
+    """step_mfu: the FLOPs of forward + backward counted by hand for an MLP, and the MFU against the dense peak of
+    each device name and dtype of the lesson's table (or ValueError where PEAKS has none)."""
     __tracebackhide__ = True
     rng = random.Random()
     batch, sizes = rng.choice([16, 24, 32]), (rng.choice([20, 40]), rng.choice([48, 64]), rng.choice([10, 12]))
@@ -223,8 +250,8 @@ def check_step_mfu(step_mfu: Any) -> None:
     model = _mlp(sizes)
     inputs, targets = torch.randn(batch, a), torch.randint(0, c, (batch,))
     before = [p.detach().clone() for p in model.parameters()]
-    step_ms, peak = rng.choice([2.0, 5.0, 8.0]), rng.choice([0.5, 1.0, 2.0])
-    got = step_mfu(model, inputs, targets, nn.CrossEntropyLoss(), step_ms, peak)
+    step_ms, name, dtype = rng.choice([2.0, 5.0, 8.0]), "NVIDIA H100 PCIe", rng.choice([torch.bfloat16, torch.float16])
+    got = step_mfu(model, inputs, targets, nn.CrossEntropyLoss(), step_ms, name, dtype)
     expect_type(got, tuple, "step_mfu's result", "return a tuple (flops, mfu)")
     check(len(got) == 2, f"step_mfu returned {len(got)} values", "return (flops, mfu)")
     flops, mfu = got
@@ -239,20 +266,41 @@ def check_step_mfu(step_mfu: Any) -> None:
                  f"batch of {batch} (forward {forward:,} + backward {backward:,})",
                  "count forward, loss and backward inside one FlopCounterMode(display=False)")
     expect_type(mfu, float, "the MFU", "return a Python float")
-    want = flops / (step_ms / 1e3) / (peak * 1e12)
-    expect_close(mfu, want, f"the MFU of {flops:,} FLOPs in {step_ms} ms against {peak} TFLOP/s", rel=1e-6,
-                 hint="achieved FLOP/s = flops / (step_ms / 1000); divide by peak_tflops * 1e12; a fraction, "
-                      "not a percentage")
+    peak = profiling.PEAKS["H100 PCIe"][dtype]
+    expect_close(mfu, flops / (step_ms / 1e3) / (peak * 1e12), f"the MFU of {flops:,} FLOPs in {step_ms} ms on an "
+                 f"{name!r} in {dtype}", rel=1e-6, hint=_peak_fix(name, dtype, mfu, flops, step_ms))
     for p, old in zip(model.parameters(), before, strict=True):
         check(torch.equal(p.detach(), old), "step_mfu changed the model's parameters",
               "count one forward and backward pass; take no optimizer step")
         check(p.grad is None, "step_mfu left gradients in the parameters' .grad",
               "clear them afterwards: model.zero_grad(set_to_none=True)")
-    passed(f"step_mfu: {flops:,} FLOPs (forward {forward:,} + backward {backward:,}), MFU {mfu:.3g}")
+    tiny_flops = 2 * 2 * 6 * 5 * 3  # Linear(5, 3) without bias on 6 rows: forward, and the weight's gradient
+    for device_name, step_dtype in _PEAK_CASES:
+        tiny, what = nn.Linear(5, 3, bias=False), f"step_mfu for {device_name!r} in {step_dtype}"
+        args = (tiny, torch.randn(6, 5), torch.randn(6, 3), nn.MSELoss(), 4.0, device_name, step_dtype)
+        product = _PRODUCTS[device_name]
+        if product is None or step_dtype not in profiling.PEAKS[product]:
+            error = expect_raises(ValueError, step_mfu, *args, what=what,
+                                  hint=f"PEAKS has no figure for {device_name!r} in {step_dtype} (the lesson's table "
+                                       "says which product each name is): raise ValueError rather than guess a peak")
+            check(device_name in str(error) and str(step_dtype).split(".")[-1] in str(error),
+                  f"{what} raised ValueError({str(error)!r})", "name the device and the dtype in the message")
+            continue
+        with calling(what, f"{device_name!r} is the {product}, which PEAKS has in {step_dtype}"):
+            result = step_mfu(*args)
+        expect_type(result, tuple, what, "return a tuple (flops, mfu)")
+        check(len(result) == 2, f"{what} returned {len(result)} values", "return (flops, mfu)")
+        expect_close(result[1], tiny_flops / 4e-3 / (profiling.PEAKS[product][step_dtype] * 1e12),
+                     f"the MFU from {what}", rel=1e-6, hint=_peak_fix(device_name, step_dtype, result[1], tiny_flops,
+                                                                       4.0))
+    passed(f"step_mfu: {flops:,} FLOPs (forward {forward:,} + backward {backward:,}), MFU {mfu:.3g} on an H100 PCIe "
+           f"in {dtype}, and the peak of {len(_PEAK_CASES)} device names and dtypes")
 
 
-_CASES = [  # (gpu share, sync share, kernels, mean kernel µs, verdict): on each side of each threshold
+_CASES = [  # (gpu share, sync share, kernels, mean kernel µs, verdict): several signs, each side of each threshold
     (0.95, 0.90, 10, 900.0, "compute-bound"),
+    (0.85, 0.05, 400, 5.0, "compute-bound"),
+    (0.90, 0.40, 400, 5.0, "compute-bound"),
     (0.80, 0.10, 10, 900.0, "compute-bound"),
     (0.79, 0.70, 10, 900.0, "sync-bound"),
     (0.50, 0.25, 400, 5.0, "sync-bound"),
@@ -265,7 +313,7 @@ _CASES = [  # (gpu share, sync share, kernels, mean kernel µs, verdict): on eac
 
 @noting_warnings_in("diagnose")
 def check_diagnose(diagnose: Any) -> None:
-    """diagnose: the lesson's rules in their order, on breakdowns on each side of each threshold."""
+    """diagnose: breakdowns that show one sign or several at once, on each side of each threshold."""
     __tracebackhide__ = True
     for busy, synced, kernels, mean_us, verdict in _CASES:
         breakdown = breakdown_of(busy, synced, kernels, mean_us, wall_ms=200.0)
@@ -275,7 +323,7 @@ def check_diagnose(diagnose: Any) -> None:
                 "on average")
         expect_type(got, tuple, f"{what}: the result", "return a tuple (verdict, evidence)")
         check(len(got) == 2, f"{what}: {len(got)} values came back", "return (verdict, evidence)")
-        expect_equal(got[0], verdict, what, _rule_broken(busy, synced, mean_us, verdict, got[0]))
+        expect_equal(got[0], verdict, what, _weighed_wrong(busy, synced, mean_us, verdict, got[0]))
         expect_type(got[1], str, f"{what}: the evidence", "a sentence (str) with the figures behind the verdict")
         check(percent_shown(got[1], busy), f"{what}: the evidence {got[1]!r} does not give the GPU's busy share "
               f"as a whole percentage ({busy:.0%})", "quote it, e.g. f'{busy:.0%}'")
@@ -290,31 +338,37 @@ def check_diagnose(diagnose: Any) -> None:
     idle = breakdown_of(0.0, 0.0, 0, 0.0, wall_ms=50.0)
     expect_raises(ValueError, diagnose, idle, what="diagnose of a breakdown with no GPU activity (a CPU trace)",
                   hint="raise ValueError: with no kernels and no GPU time there is no GPU to be bound by")
-    passed("diagnose follows the rules in order, on each side of every threshold, and quotes the busy share")
+    passed("diagnose names the bottleneck of runs with one sign or several, on each side of every threshold, and "
+           "quotes the busy share")
 
 
-def _rule_broken(busy: float, synced: float, mean_us: float, verdict: str, got: Any) -> str:
-    """The Fix for a wrong verdict: the one rule of the lesson's four (in their order) that decides this case, with
-    its figures."""
-    at = " (a share exactly at the threshold counts)"
+def _weighed_wrong(busy: float, synced: float, mean_us: float, verdict: str, got: Any) -> str:
+    """The Fix for a wrong verdict: the sign that decides this case, and why it outweighs the one the answer chose."""
+    at = " (a share exactly at the threshold shows the sign)"
     if got not in ("compute-bound", "sync-bound", "launch-bound", "input-bound"):
         return f"return the verdict {verdict!r} spelled exactly so: one of 'compute-bound', 'sync-bound', " \
                "'launch-bound', 'input-bound'"
     if verdict == "compute-bound":
-        return f"the GPU is busy {busy:.0%} of the wall time: gpu_ms / wall_ms >= 0.8 is compute-bound" + (
-            at if busy == 0.8 else ", and that rule comes first, before the host's waits")
+        why = {"sync-bound": f"the host's wait ({synced:.0%}) is long because the queue it waits for is full: it "
+                             "follows from the busy GPU, and removing it would not shorten the step",
+               "launch-bound": "the host keeps the GPU's queue full in spite of the tiny kernels: launching is not "
+                               "what holds the step back"}.get(got, "that is the compute sign" + (at if busy == 0.8
+                                                                                                   else ""))
+        return f"the GPU is busy {busy:.0%} of the wall time (gpu_ms / wall_ms >= 0.8): {why}"
     if got == "compute-bound":
-        return f"the GPU is busy only {busy:.0%} of the wall time: compute-bound needs gpu_ms / wall_ms >= 0.8"
+        return f"the GPU is busy only {busy:.0%} of the wall time: the compute sign needs gpu_ms / wall_ms >= 0.8"
     if verdict == "sync-bound":
-        return (f"the host waits {synced:.0%} of the wall time: sync_ms / wall_ms >= 0.25 is sync-bound"
-                + (at if synced == 0.25 else ", and that rule comes before the kernels' size"))
+        why = ("a host that spends that much of the step waiting for queued work is ahead of the GPU, not short of "
+               "time to launch: the waits hold the step back" if got == "launch-bound"
+               else "that is the sync sign" + (at if synced == 0.25 else ""))
+        return f"the host waits for the GPU {synced:.0%} of the wall time (sync_ms / wall_ms >= 0.25): {why}"
     if got == "sync-bound":
-        return f"the host waits only {synced:.0%} of the wall time: sync-bound needs sync_ms / wall_ms >= 0.25"
+        return f"the host waits only {synced:.0%} of the wall time: the sync sign needs sync_ms / wall_ms >= 0.25"
     if verdict == "launch-bound":
-        return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, in µs): under 20 µs is launch-bound, "
-                "when neither of the first two rules holds")
-    return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, converted to µs): launch-bound needs under "
-            "20 µs, so this run is input-bound (none of the first three rules holds)")
+        return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, in µs): under 20 µs is the launch sign, "
+                "and neither the compute nor the sync sign shows")
+    return (f"the mean kernel takes {mean_us:g} µs (kernel_ms / kernels, converted to µs): the launch sign needs "
+            "under 20 µs, so no sign shows and the run is input-bound")
 
 
 def check_predict_host_wait(predict_host_wait: Any) -> None:
@@ -349,6 +403,6 @@ def check_predict_host_wait(predict_host_wait: Any) -> None:
                       "`.item()` hands the host a number the GPU has not computed yet, so it stops the host until "
                       "the GPU has finished everything queued: the whole step's GPU work, which the host queued in a "
                       "moment. The host's own share of the step is preparing the batch, and while it does, the GPU "
-                      "has nothing queued: the two take turns instead of overlapping, the shape section 4 calls "
-                      "sync-bound. Keep running sums on the device and read them every N steps: then the host "
+                      "has nothing queued: the two take turns instead of overlapping, a story of section 4. Keep "
+                      "running sums on the device and read them every N steps: then the host "
                       "prepares the next batch while the GPU works (section 4)")

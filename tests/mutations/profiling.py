@@ -2,8 +2,10 @@
 
 The mistakes are those of the lesson: a profile without a schedule or without `prof.step()`, regions not labelled; a
 breakdown that adds overlapping streams, counts the profiler's own span or the GPU-side copies of the labels, or
-forgets that `dur` is in µs; a diagnosis that tests the rules out of order or on the wrong side of a threshold;
-FLOPs of the forward pass alone, or a rule of thumb instead of a count, and MFU in the wrong units; a prediction of
+forgets that `dur` is in µs; a diagnosis that weighs two signs the wrong way round or reads a threshold on its
+wrong side; FLOPs of the forward pass alone, or a rule of thumb instead of a count; MFU in the wrong units, or
+against the wrong peak: another product's (a PCIe card taken for the SXM module, an NVL card for either), another
+dtype's, the sparse headline figure, or a guess where no figure is checked; a prediction of
 how long the `.item()` loop's host waits other than the share its measurement gets. Every variant is the solution
 cell with named replacements (`tests.mutations.changed`), except a few correct ones written another way.
 """
@@ -153,6 +155,13 @@ _RULES = '''    if busy >= 0.8:
     elif waited >= 0.25:
         verdict, why = "sync-bound", f"the host waited for it {waited:.0%} of the time"
 '''
+_SYNC = '''    elif waited >= 0.25:
+        verdict, why = "sync-bound", f"the host waited for it {waited:.0%} of the time"
+'''
+_LAUNCH = '''    elif mean_us < 20:
+        verdict, why = "launch-bound", f"{kernels} kernels of {mean_us:.1f} µs on average"
+'''
+_SYNC_THEN_LAUNCH, _LAUNCH_THEN_SYNC = _SYNC + _LAUNCH, _LAUNCH + _SYNC
 _EVIDENCE = 'return verdict, f"GPU busy {busy:.0%} of {wall:.1f} ms: {why}"'
 
 DIAGNOSE = [
@@ -161,7 +170,15 @@ DIAGNOSE = [
     elif busy >= 0.8:
         verdict, why = "compute-bound", "its queue never ran dry"
 ''')),
-            "tests the sync rule first: a compute-bound run that waits once at the end reads as sync-bound"),
+            "weighs the host's waits over a busy GPU: a compute-bound run that waits once at the end reads as "
+            "sync-bound"),
+    Variant("diagnose", "launch_before_sync", True, _diagnose((_SYNC_THEN_LAUNCH, _LAUNCH_THEN_SYNC)),
+            "weighs tiny kernels over the host's waits: a host that waits a quarter of the step is not short of time "
+            "to launch"),
+    Variant("diagnose", "launch_first", True, _diagnose(
+        ("    if busy >= 0.8:\n", '    if mean_us < 20:\n        verdict, why = "launch-bound", "tiny kernels"\n'
+                                 "    elif busy >= 0.8:\n")),
+            "weighs tiny kernels over a busy GPU: a queue kept full of tiny kernels is not held back by launches"),
     Variant("diagnose", "strict_thresholds", True, _diagnose(("if busy >= 0.8:", "if busy > 0.8:"),
                                                              ("elif waited >= 0.25:", "elif waited > 0.25:")),
             "the wrong side of the thresholds: exactly 80 % busy is compute-bound"),
@@ -212,6 +229,11 @@ DIAGNOSE = [
 
 _COUNT = "        loss_fn(model(inputs), targets).backward()\n"
 _RETURN = "    return flops, float(achieved / (peak_tflops * 1e12))\n"
+_PRODUCTS = ('    products = (("H200", "H200 SXM"), ("H100 PCIE", "H100 PCIe"), ("H100", "H100 SXM"), ("A100-SXM", '
+             '"A100 SXM"))\n')
+_LOOKUP = "    peak_tflops = profiling.PEAKS.get(product, {}).get(dtype)\n"
+_CHECK = ('    if peak_tflops is None:\n        raise ValueError(f"no checked dense peak for {device_name!r} in '
+          '{dtype}: take it from its datasheet")\n')
 
 MFU = [
     Variant("step_mfu", "forward_only", True, _mfu((_COUNT, "        loss_fn(model(inputs), targets)\n")),
@@ -242,6 +264,33 @@ MFU = [
     Variant("step_mfu", "flops_as_float", True, _mfu(
         ("    flops = int(counter.get_total_flops())\n", "    flops = float(counter.get_total_flops())\n")),
             "returns the count as a float"),
+    Variant("step_mfu", "h100_means_sxm", True, _mfu(
+        (_PRODUCTS, _PRODUCTS.replace('("H100 PCIE", "H100 PCIe"), ', ''))),
+            "takes every name with H100 in it for the SXM module: a PCIe card is measured against 989.4, not 756.5"),
+    Variant("step_mfu", "nvl_as_sxm", True, _mfu(('None if "NVL" in name else ', '')),
+            "takes an NVL card for the SXM module of its GPU: other clocks, figures PEAKS does not have"),
+    Variant("step_mfu", "dtype_ignored", True, _mfu((_LOOKUP, _LOOKUP.replace(".get(dtype)", ".get(torch.bfloat16)"))),
+            "measures every step against the bf16 Tensor Core peak: an fp32 step's MFU comes out 15 times too low"),
+    Variant("step_mfu", "sparse_peak", True, _mfu(
+        (_RETURN, "    return flops, float(achieved / (2 * peak_tflops * 1e12))\n")),
+            "measures against the datasheet's headline figure, which is the one with 2:4 sparsity"),
+    Variant("step_mfu", "guessed_peak", True, _mfu((_LOOKUP, _LOOKUP.replace(".get(dtype)", ".get(dtype, 989.4)"))),
+            "guesses a peak where PEAKS has none, instead of raising ValueError"),
+    Variant("step_mfu", "message_names_nothing", True, _mfu(
+        ('f"no checked dense peak for {device_name!r} in {dtype}: take it from its datasheet"',
+         '"no checked dense peak: take it from the datasheet"')),
+            "raises ValueError without saying for which device and dtype"),
+    Variant("step_mfu", "exact_names", False, _mfu(
+        ("    name = device_name.upper()\n" + _PRODUCTS + '    product = None if "NVL" in name else '
+         'next((p for part, p in products if part in name), None)\n',
+         '    product = {"NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe",\n'
+         '               "NVIDIA H200": "H200 SXM", "NVIDIA A100-SXM4-40GB": "A100 SXM",\n'
+         '               "NVIDIA A100-SXM4-80GB": "A100 SXM"}.get(device_name)\n')),
+            "a table of the exact names torch gives: every other name has no checked peak"),
+    Variant("step_mfu", "peak_looked_up_last", False, _mfu(
+        (_LOOKUP + _CHECK, ""), ("    achieved = flops / (step_ms / 1e3)  # FLOP/s\n",
+                                 _LOOKUP + _CHECK + "    achieved = flops / (step_ms / 1e3)  # FLOP/s\n")),
+            "counts first, then looks the peak up (and raises): the counting pass's gradients are gone either way"),
     Variant("step_mfu", "autograd_grad", False, _mfu(
         (_COUNT, "        torch.autograd.grad(loss_fn(model(inputs), targets), list(model.parameters()))\n")),
             "gradients with torch.autograd.grad: the counting pass writes nothing to .grad"),
