@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import types
 from collections.abc import Callable
 
@@ -76,7 +77,7 @@ class RankGuard:
     def __init__(self) -> None:
         self._heard: list[str] = []
         self._namespaces: dict[str, tuple[object, dict[str, object]]] = {}
-        self._busy = False
+        self._inside = threading.local()  # per thread: the hook's own look at the stack is not itself looked at
 
     def hook(self, event: str, args: tuple) -> None:
         if event == FORGED_EVENT:
@@ -86,13 +87,14 @@ class RankGuard:
                 or (event == "object.__getattr__" and len(args) > 1 and args[1] in GETATTR_REFUSED)
                 or (event in ("object.__setattr__", "object.__delattr__") and len(args) > 1
                     and (args[1] in SETATTR_REFUSED or _protected_class(args[0])))
-                or (event == "open" and args and isinstance(args[0], str) and _proc_entry(args[0]))) or self._busy:
+                or (event == "open" and args and isinstance(args[0], str) and _proc_entry(args[0]))) \
+                or getattr(self._inside, "busy", False):
             return
-        self._busy = True
+        self._inside.busy = True
         try:
             blamed = _blamed(_GETFRAME(1))
         finally:
-            self._busy = False
+            self._inside.busy = False
         if blamed is None:
             return
         what = event if not event.startswith("object.") else f"{event.split('.')[1].strip('_')} of .{args[1]}"
