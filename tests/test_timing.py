@@ -44,12 +44,16 @@ def test_agrees_with_torch_utils_benchmark_on_cpu():
     fn = _matmul_workload()
     # Both on one thread: Timer's default, and safe from thread-pool stalls on a busy shared machine.
     with num_threads(1):
+        timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=1)
         ours = timed(fn, "cpu", iters=10, warmup=2)
-        theirs = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=1).blocked_autorange(
-            min_run_time=0.3).median * 1e3
+        theirs = timer.blocked_autorange(min_run_time=0.3).median * 1e3
         ours_again = timed(fn, "cpu", iters=10, warmup=2)
-    ratio = min(ours, ours_again) / theirs
-    assert 0.4 < ratio < 2.5, f"time_gpu {ours:.3f}/{ours_again:.3f} ms vs torch.utils.benchmark {theirs:.3f} ms"
+        theirs_again = timer.blocked_autorange(min_run_time=0.3).median * 1e3
+    # each timer's less disturbed run: load only slows a run (Timer's alone read 13.4 ms against 4.7 ms at a load
+    # average of 5 on 2 cores)
+    ratio = min(ours, ours_again) / min(theirs, theirs_again)
+    assert 0.4 < ratio < 2.5, (f"time_gpu {ours:.3f}/{ours_again:.3f} ms vs torch.utils.benchmark "
+                               f"{theirs:.3f}/{theirs_again:.3f} ms")
 
 
 def test_warmup_calls_are_run_but_not_timed():

@@ -172,16 +172,18 @@ def check_compile_report(compile_report: Callable[..., Any]) -> None:
         x = torch.randn(16)
         for largest, where in ((random.uniform(4e-3, 8e-3), "above"), (-random.uniform(4e-3, 8e-3), "below")):
             offset = _mixed_offset(16, largest)
-            slow = _Pause(2.5, 0.04)
+            slow, fast = _Pause(2.5, 0.04), _compiled_log()
             eager = slow.log  # kept here: compile_report receives the model
-            with stand_in_compile(first_call_s=0.05, run=_compiled_version(offset, 10.0, _compiled_log())):
+            with stand_in_compile(first_call_s=0.05, run=_compiled_version(offset, 10.0, fast)):
                 report = _report(compile_report, slow, x, 3, f"(compiled outputs off by up to "
                                                              f"{abs(largest):.4f} {where} eager)")
             # 40 ms calls: a mean above 1.5 times the longest call needs a pause of 60 ms among 3 timed calls
             check(report["eager_ms"] <= 1.5 * _longest_ms(eager) + 2, f"eager_ms is {report['eager_ms']:.4g}, but "
                   f"the longest of the eager model's calls took {_longest_ms(eager):.3f} ms",
                   "milliseconds per call: the mean time of one call in seconds, times 1000")
-            check(report["speedup"] > 1.2,
+            # a host stalled in the compiled calls makes them slower than their 4 ms: the floor follows what they took
+            floor = min(1.2, 0.9 * report["eager_ms"] / (4 * _longest_ms(fast) + 20))
+            check(report["speedup"] > floor,
                   f"speedup is {report['speedup']:.2f}, but the compiled version is about 10 times faster here",
                   "speedup = eager_ms / compiled_ms (above 1 means compiled is faster)")
             expect_close(report["max_abs_diff"], abs(largest),
