@@ -15,7 +15,7 @@ if __name__ != "__grader_guard__":  # imported by the grader; in a grading kerne
     from grader.guard.blame import _Blame, _timeit_code
     from grader.guard.cells import _Unshadow
     from grader.guard.contract import FORGED_EVENT, RANK_EVENT, REACHED_EVENT, report_line
-    from grader.guard.hooks import _CellHooks, _on_post_run_cell, _on_pre_run_cell
+    from grader.guard.hooks import _CellHooks, _hide_test_sources, _on_post_run_cell, _on_pre_run_cell
     from grader.guard.imports import _GUARD_FILES, _guard, _TrustedFinder
     from grader.guard.policy import (
         BLOCKED_EVENTS,
@@ -142,6 +142,8 @@ class Guard(_Verify, _CellHooks, _Blame):
         shell.ast_transformers.append(self._unshadow)
         shell.events.register("pre_run_cell", _on_pre_run_cell)
         shell.events.register("post_run_cell", _on_post_run_cell)
+        if getattr(shell, "compile", None) is not None:
+            _hide_test_sources(shell.compile)     # before the compiler's snapshot: the wrapper is what is protected
         self._objects = [_ObjectSnap(shell, "shell", SHELL_ATTRS), _ObjectSnap(kernel, "kernel", KERNEL_ATTRS)]
         for label, obj, names in (("session", getattr(kernel, "session", None), SESSION_ATTRS),
                                   ("InteractiveTB", getattr(shell, "InteractiveTB", None), ()),

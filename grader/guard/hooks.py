@@ -3,6 +3,7 @@ what a test cell may read; after it, what the cell changed, and a test cell fail
 """
 import ast
 import hashlib
+import linecache
 import sys
 import types
 
@@ -167,6 +168,22 @@ class _CellHooks:
         except Exception:
             pass
         return True
+
+
+def _hide_test_sources(compiler):
+    """Make `compiler` (the shell's) leave a test cell's source out of `linecache`, where IPython keeps every cell's
+    text for tracebacks: code the test calls (the learner's) could otherwise read the probe there, through any module
+    that imports linecache, and print it into the test's output. (The grader sends test cells without storing them
+    in the history, so `In`, `_ih` and `_i` never hold them either: grader/sandbox/client.py.)"""
+    original = compiler.cache
+
+    def cache(transformed_code, number=0, raw_code=None):
+        name = original(transformed_code, number, raw_code)
+        if getattr(_guard(), "_in_test", False):
+            linecache.cache.pop(name, None)
+        return name
+
+    compiler.cache = cache
 
 
 def _on_pre_run_cell(info=None):

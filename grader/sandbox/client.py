@@ -1,7 +1,9 @@
 """The grader's side of a sandboxed kernel's client: count the cells run, mark test cells, meter the output.
 
 Test cells (recognised by the sha256 of their source, read from the notebooks before the kernel started) are sent
-with a secret cell id, so the integrity guard inside knows when a test runs without the notebook telling it.
+with a secret cell id, so the integrity guard inside knows when a test runs without the notebook telling it, and
+without storing them in the kernel's history: IPython would put the test's source (its probes) in `In`, `_ih` and
+`_i`, names any code the test calls can read (the guard keeps it out of `linecache` too: grader/guard/hooks.py).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def instrument(kc, sandbox: KernelSandbox) -> None:
                 sandbox.executes += 1
             return original(code, silent, store_history, user_expressions, allow_stdin, stop_on_error)
         sandbox.executes += 1
-        content = {"code": code, "silent": False, "store_history": store_history,
+        content = {"code": code, "silent": False, "store_history": False,
                    "user_expressions": user_expressions or {},
                    "allow_stdin": kc.allow_stdin if allow_stdin is None else allow_stdin,
                    "stop_on_error": stop_on_error}
