@@ -8,7 +8,8 @@ this module makes the worker report, with each job's `RankResult`, what the kern
 - a sealed log that refused a write or found a record changed (the ledger's audit event, `course.ledger.AUDIT_EVENT`);
 - an operation that reaches what the worker keeps out of a job's hands (its frames, every object through `gc`, raw
   memory through `ctypes`, tracing, code or class layouts changed in place, the process's /proc entries), when a
-  notebook's code is behind it: refused with PermissionError, and reported;
+  notebook's code is behind it, or it runs in a thread that a notebook's code started: refused with
+  PermissionError, and reported;
 - a function, class or module that the job replaced in a module of the course's or of torch.distributed (a module's
   names are not audited: compared after the job, and put back).
 
@@ -25,12 +26,14 @@ import re
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable
 
 __all__ = ["RANK_EVENT", "RankGuard", "install"]
 
 RANK_EVENT = "course.rank_worker"        # raised in the kernel by Ranks.run for each report (grader/guard/contract.py)
 FORGED_EVENT = "course.forged_record"    # course.ledger.AUDIT_EVENT (not imported: this module stays stdlib-only)
+THREAD_EVENT = "course.thread_start"     # raised by the worker's threading.Thread.start (`_announce_threads`)
 # Kept equal to grader/guard/policy.py's lists where they overlap (tests/test_ledger.py checks it).
 REFUSED_EVENTS = frozenset({"sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                             "sys.settrace", "sys.setprofile", "sys.addaudithook"})
@@ -55,8 +58,9 @@ def _cell_code(filename: object) -> bool:
                                           or "/ipykernel_" in filename)
 
 
-def _blamed(frame: types.FrameType | None) -> str | None:
-    """"cell line N" of the notebook code behind the operation that `frame` did, or None when it is not theirs."""
+def _blamed(frame: types.FrameType | None, top: str | None = None) -> str | None:
+    """"cell line N" of the notebook code behind the operation that `frame` did, or None when it is not theirs;
+    `top` when no frame decides (the thread's own start: what the thread was started by, `RankGuard._started`)."""
     while frame is not None:
         code = frame.f_code
         filename = code.co_filename
@@ -68,7 +72,7 @@ def _blamed(frame: types.FrameType | None) -> str | None:
         if filename.startswith(_COURSE) or (_INSTALLED.search(filename) and not filename.startswith(_STDLIB)):
             return None                  # installed code (torch) or the course, doing it for itself
         frame = frame.f_back             # the standard library (and frozen importlib) passes it on
-    return None
+    return top
 
 
 class RankGuard:
@@ -78,10 +82,22 @@ class RankGuard:
         self._heard: list[str] = []
         self._namespaces: dict[str, tuple[object, dict[str, object]]] = {}
         self._inside = threading.local()  # per thread: the hook's own look at the stack is not itself looked at
+        # threads that a notebook's code started, and where: at the top of such a thread's stack (a library function
+        # as its target, such as gc.get_objects) what the thread does is theirs, as in the kernel's guard
+        self._started: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
 
     def hook(self, event: str, args: tuple) -> None:
         if event == FORGED_EVENT:
             self._heard.append(f"forged a record the hidden tests rely on: {str(args[0])[:200] if args else '?'}")
+            return
+        if event == THREAD_EVENT and args and isinstance(args[0], threading.Thread):
+            self._inside.busy = True
+            try:                          # frame 1 is the wrapped Thread.start (the course's), 2 its caller
+                blamed = _blamed(_GETFRAME(2), self._started.get(threading.current_thread()))
+            finally:
+                self._inside.busy = False
+            if blamed is not None:
+                self._started[args[0]] = blamed
             return
         if not (event in REFUSED_EVENTS or event.startswith(REFUSED_PREFIXES)
                 or (event == "object.__getattr__" and len(args) > 1 and args[1] in GETATTR_REFUSED)
@@ -92,7 +108,7 @@ class RankGuard:
             return
         self._inside.busy = True
         try:
-            blamed = _blamed(_GETFRAME(1))
+            blamed = _blamed(_GETFRAME(1), self._started.get(threading.current_thread()))
         finally:
             self._inside.busy = False
         if blamed is None:
@@ -139,7 +155,7 @@ class RankGuard:
 
 
 _GONE = object()
-WATCHED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")   # and the course's own
+WATCHED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d", "threading")   # and the course's own
 
 
 def _kept(namespace: object) -> dict[str, object]:
@@ -178,9 +194,24 @@ def _proc_entry(path: str) -> bool:
                                                                      and parts[2].isdigit())
 
 
+def _announce_threads() -> None:
+    """Make threading.Thread.start raise THREAD_EVENT (CPython 3.10 and 3.11 raise no event when a thread starts;
+    3.12+ raise one below the Thread, where its starter is harder to find). The wrapper holds nothing of the guard's.
+    A job that puts the plain method back is heard: threading is a watched module."""
+    real = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        sys.audit(THREAD_EVENT, self)
+        return real(self)
+
+    start.__wrapped__ = real  # type: ignore[attr-defined]
+    threading.Thread.start = start  # type: ignore[method-assign]
+
+
 def install() -> RankGuard:
     """Add the worker's audit hook (it cannot be removed): call once, before the worker runs any job."""
     guard = RankGuard()
     hook: Callable[[str, tuple], None] = guard.hook
     sys.addaudithook(hook)
+    _announce_threads()
     return guard

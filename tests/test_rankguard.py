@@ -66,6 +66,16 @@ def refused(rank, how):
     return None
 
 
+def threaded(rank):
+    """A library function as a thread's target: no notebook frame is on that thread's stack, but the job started it."""
+    import gc
+    import threading
+
+    worker = threading.Thread(target=gc.get_objects)
+    worker.start()
+    worker.join()
+
+
 def replaces(rank):
     """Leaves its group behind, tells the worker's own check that there is none, and changes a check's class (which
     CPython 3.11 does not audit)."""
@@ -127,6 +137,15 @@ def test_what_a_job_must_not_reach_is_refused_and_heard(how: str):
         results
     assert len(HEARD) == 2 and all("refused (notebook code, line" in h for h in HEARD), HEARD
     assert {h.split("'")[0] for h in HEARD} == {"rank 0", "rank 1"}
+
+
+def test_a_thread_the_job_started_is_followed():
+    """What a thread does at the top of its stack counts as the job's when the job started the thread: gc's object
+    walk as a thread's target is refused and heard, with the line that started the thread."""
+    results = ranks(2).run(NOTEBOOK["threaded"], timeout=120)
+    assert all(r.ok for r in results), results
+    assert len(HEARD) == 2 and all("gc.get_objects, refused (notebook code" in h and "of threaded)" in h
+                                   for h in HEARD), HEARD
 
 
 def test_a_replaced_function_is_heard_put_back_and_does_not_fool_the_worker():
