@@ -150,6 +150,21 @@ def add(a, b):
 display(add(1, 2))
 ''',
     "nothing": "def add(a, b):\n    return None\n",   # the do-nothing stub every attack is pasted onto
+    # right, and prints what it can read of the test that calls it: notebook cells are there, the probe is not
+    "peeking": '''import traceback
+
+
+def add(a, b):
+    texts = [str(entry) for entry in traceback.linecache.cache.values()]
+    for read in (lambda: In, lambda: _ih, lambda: _i, lambda: _ii):
+        try:
+            texts.append(str(read()))
+        except NameError:
+            pass
+    print("peeked at an answer:", any("def add(a, b)" in t for t in texts))
+    print(*[t for t in texts if "probe" in t or "attempt" in t], sep="\\n")
+    return a + b
+''',
     "forged": '''def add(a, b):
     display({"application/vnd.gpu-course.observation+json": {"name": "add", "observations": "{}"}}, raw=True)
     return abs(a + b)
@@ -229,6 +244,21 @@ def test_the_right_answer_alone_earns_the_points(mini):
 
 
 @pytest.mark.course_batch(provider=_mini)
+def test_code_a_test_calls_cannot_read_the_probe(mini):
+    """A right answer that prints what it can read of the test calling it (IPython's `In`, `_ih`, `_i`, and the
+    `linecache` where cells' sources are kept for tracebacks) finds the answer cells there, never the probe's source;
+    it keeps its points and is not held."""
+    batch, rows = mini
+    row = rows["peeking", "test_add"]
+    assert _points(row) == 2 and "held" not in row["reason"], row
+    [graded] = batch.autograded("peeking", "mini")
+    test = next(c for c in graded.cells if grade_id(c) == "test_add")
+    text = "".join(str(o.get("text", "")) for o in test.outputs)
+    assert "peeked at an answer: True" in text, f"the peek read nothing, so it proves nothing: {text!r}"
+    assert "__probe_add" not in text and "attempt(add" not in text, text
+
+
+@pytest.mark.course_batch(provider=_mini)
 def test_a_forged_observation_is_held_for_review(mini):
     _, rows = mini
     row = rows["forged", "test_add"]
@@ -246,23 +276,26 @@ def test_a_pasted_cell_earns_nothing(mini, attack):
     assert len(pasted) == 1 and "not run" in pasted[0].outputs[0]["text"], "kept for the feedback, marked not run"
 
 
-REVIEW = re.compile(r"^cell `add`(?:, line (\d+))?: (.*)$")
+REVIEW = re.compile(r"^cell `([^`]+)`(?:, line (\d+))?: (.*)$")
+# every answer-cell attack that is module-agnostic, in one block: pasted into each module's first answer cell
+EVERYWHERE = [ANSWER[0], *[a for a in ANSWER if a.together]]
 
 
-def _reviews_of(batch: batches.Graded, student: str, attack: Attack) -> list[str]:
-    """The reasons a student's notebook was held for that name `attack`'s lines (reasons reported with no line, such
-    as protected code put back after the cell, count for every attack of the cell)."""
-    [graded] = batch.autograded(student, "mini")
-    answer = next(c.source for c in graded.cells if nbgrader_meta(c).get("solution"))
-    lines = answer.splitlines()
+def _reviews_of(batch: batches.Graded, student: str, attack: Attack, assignment: str = "mini") -> list[str]:
+    """The reasons a student's notebook was held for that name `attack`'s lines in its first answer cell (reasons
+    reported with no line, such as protected code put back after the cell, count for every attack of the cell)."""
+    [graded] = batch.autograded(student, assignment)
+    cell = next(c for c in graded.cells if nbgrader_meta(c).get("solution"))
+    lines = cell.source.splitlines()
     first = lines.index(marker(attack)) + 1 if marker(attack) in lines else 1
     last = next((n for n in range(first + 1, len(lines) + 1) if lines[n - 1].startswith("# ---- attack:")),
                 len(lines) + 1)
     found = []
     for reason in graded.metadata.get("grader", {}).get("review", []):
         match = REVIEW.match(reason)
-        if match and (match.group(1) is None or int(match.group(1)) == 0 or first <= int(match.group(1)) < last):
-            found.append(match.group(2))
+        if match and match.group(1) == grade_id(cell) and (
+                match.group(2) is None or int(match.group(2)) == 0 or first <= int(match.group(2)) < last):
+            found.append(match.group(3))
     return found
 
 
@@ -311,7 +344,8 @@ def _every_module(batch: batches.Folders) -> None:
             solved.cells[next(i for i, c in enumerate(solved.cells) if nbgrader_meta(c).get("solution"))].source \
                 += RUNAWAY
             batch.write("solution", assignment, solved, path.name)
-            batch.write("hostile", assignment, _submission(release, added=ADDED, appended=ANSWER[0]), path.name)
+            hostile = Attack("everywhere", "answer", together(EVERYWHERE), "")
+            batch.write("hostile", assignment, _submission(release, added=ADDED, appended=hostile), path.name)
 
 
 @pytest.mark.course_batch(provider=_every_module)
@@ -320,8 +354,9 @@ def test_every_module_judged_outside_the_kernel(assignment):
     """The module's solution, with every attack pasted after its first answer, keeps full marks with its judges in
     the grader's process, although that first answer cell then loops forever: stopped at its time limit (the kernel
     interrupted, while the distributed workers or the simulated GPU may be in use), it leaves every later test its
-    points (#22). The released stubs with every attack pasted and one in the first answer cell earn nothing and are
-    held for review."""
+    points (#22). The released stubs with every attack pasted, and in the first answer cell every answer-cell attack
+    that fits any module (each in its try block), earn nothing and are held for review, for each attack's own
+    reason on its own lines."""
     batch = batches.course()
     solution, hostile = batch.student("solution", assignment), batch.student("hostile", assignment)
     assert solution and set(solution) == set(hostile), (sorted(solution), sorted(hostile))
@@ -335,6 +370,9 @@ def test_every_module_judged_outside_the_kernel(assignment):
     assert not earned, earned
     unheld = {g: r["reason"] for g, r in hostile.items() if "held for review" not in r["reason"]}
     assert not unheld, unheld
+    for attack in EVERYWHERE:
+        reasons = _reviews_of(batch, "hostile", attack, assignment)
+        assert any(attack.held_for in r for r in reasons), f"{attack.name}: not held for {attack.held_for!r}: {reasons}"
 
 
 def _hidden_code(assignment: str) -> list[str]:
