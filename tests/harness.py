@@ -8,7 +8,9 @@ the "setup" cell and the solution cells. Usage from a shell, to try a catalogue:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import inspect
 import io
 import os
 import re
@@ -104,17 +106,51 @@ def _torch_state():
         torch.set_num_threads(threads)
 
 
+def recorded(fn, calls: list):
+    """`fn`, noting the form of each argument it is called with (`course.checks.contract.form`) and whether a hidden
+    test's probe or a visible check made the call: `calls` gets (origin, parameter, form) tuples, a parameter left out
+    counting as its default, and the function's calls of itself not counted. A plain wrapper (`functools.wraps`: the
+    graded name stays the learner's own) that uses nothing of this module, so that a rank worker it is sent to runs it
+    as `fn` (nothing is noted there)."""
+    signature, pid = inspect.signature(fn), os.getpid()
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        caller = sys._getframe(1)
+        while caller is not None and caller.f_code.co_name in ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"):
+            caller = caller.f_back
+        if os.getpid() == pid and (caller is None or caller.f_code is not fn.__code__):   # not its own recursion
+            from course.checks.contract import form
+
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:                # a call that does not fit fails in the function itself
+                bound = None
+            if bound is not None:
+                bound.apply_defaults()
+                frame, origin = sys._getframe(1), "visible"
+                while frame is not None and origin == "visible":
+                    origin = "hidden" if frame.f_code.co_name.startswith("__probe_") else origin
+                    frame = frame.f_back
+                calls.extend((origin, name, form(value)) for name, value in bound.arguments.items())
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def run_function_tests(notebook: Path, function: str, replacement: str | None = None,
-                       nb: nbformat.NotebookNode | None = None, until_failed: bool = False) -> list[CellResult]:
+                       nb: nbformat.NotebookNode | None = None, until_failed: bool = False,
+                       calls: list | None = None) -> list[CellResult]:
     """Execute setup + solution cells (with `replacement` for `function`'s cell), then `function`'s test cells, with
     torch's process-wide switches put back afterwards (`nb`: the notebook already read, e.g. with cells changed;
-    `until_failed`: stop after the first test cell that fails, when the question is only whether one does)."""
+    `until_failed`: stop after the first test cell that fails, when the question is only whether one does; `calls`:
+    a list that gets the forms of the arguments each test call passed, `recorded`)."""
     with _torch_state():
-        return _run_function_tests(read(notebook) if nb is None else nb, function, replacement, until_failed)
+        return _run_function_tests(read(notebook) if nb is None else nb, function, replacement, until_failed, calls)
 
 
 def _run_function_tests(nb: nbformat.NotebookNode, function: str, replacement: str | None,
-                        until_failed: bool) -> list[CellResult]:
+                        until_failed: bool, calls: list | None = None) -> list[CellResult]:
     ns: dict = {"__name__": "__main__"}
     stderr = _KernelStream()
     for cell in nb.cells:
@@ -129,6 +165,8 @@ def _run_function_tests(nb: nbformat.NotebookNode, function: str, replacement: s
                     raise
                 return [CellResult(grade_id(t), False, traceback.format_exc(limit=3))
                         for t in test_cells_for(nb, function)]
+    if calls is not None and inspect.isfunction(ns.get(function)):
+        ns[function] = recorded(ns[function], calls)
     results = []
     for cell in test_cells_for(nb, function):
         results.append(_judged_cell(cell, ns, stderr))

@@ -11,16 +11,20 @@ to the first test cell that fails:
 - the visible checks alone (the hidden tests stripped, as a self-study learner has them): they must catch every
   mistake too, each with a "✗ what. Fix: how" line (#35), not a raw exception from the learner's code.
 The whole cell runs the visible check first, then the judge: what either half catches, the whole cell catches. The
-detection rates are printed at the end of the pytest run. tests/test_alternatives.py grades a sample of the
-catalogue end to end.
+detection rates are printed at the end of the pytest run. The correct variants' runs also record the form of every
+argument the checks pass (tests/harness.py's `recorded`): the visible checks and the hidden tests must each try
+every form of a device, path or dtype parameter that the docstring promises (course.checks.contract.FORMS).
+tests/test_alternatives.py grades a sample of the catalogue end to end.
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
+from course.checks.contract import FORMS
 from grader import nbtools
 from tests.harness import blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
 from tests.mutants import EQUIVALENT, all_mutants
@@ -70,12 +74,12 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, function: str, rec
     its correct variants pass the whole test cells with nothing on stderr."""
     notebook = _notebook(catalogue.stem)
     visible, blind = visible_notebook(notebook), blind_notebook(notebook)
-    problems, judged = [], []
+    problems, judged, calls = [], [], []
     record_property(RESULTS, judged)  # conftest prints the detection rates (also from pytest-xdist's workers)
     for v in (v for v in load_catalogue(catalogue) if v.function == function):
         label = f"{v.function}/{v.name}"
         if not v.wrong:
-            results = run_function_tests(notebook, v.function, v.source)
+            results = run_function_tests(notebook, v.function, v.source, calls=calls)
             failed = [f"{r.grade_id}: {r.error[:200]}" for r in results if not r.passed]
             leaked = [f"{r.grade_id}: {r.stderr[:200]}" for r in results if r.stderr]
             if failed:
@@ -98,7 +102,36 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, function: str, rec
             problems.append(f"{label} (wrong, but its visible check fails without a '✗ what. Fix: how' line: "
                             f"{shown[0].strip()[:300]!r})")
     assert judged, f"{catalogue.name} has no variant of {function}"
+    problems += _untried_forms(function, calls)
     assert not problems, f"{catalogue.name}, {function}: " + " | ".join(problems)
+
+
+def _untried_forms(function: str, calls: list[tuple[str, str, str]]) -> list[str]:
+    """The forms of `function`'s parameters that its docstring promises (course.checks.contract.FORMS) and that the
+    visible checks, or the hidden tests, never passed in the correct variants' runs (#34: each half tries each)."""
+    missing = []
+    for param, forms in FORMS.get(function, {}).items():
+        for origin, who in (("visible", "the visible checks"), ("hidden", "the hidden tests")):
+            tried = {form for o, p, form in calls if o == origin and p == param}
+            if set(forms) - tried:
+                missing.append(f"{who} never pass {param} as {', '.join(sorted(set(forms) - tried))}, which "
+                               "course.checks.contract.FORMS says the docstring promises")
+    return missing
+
+
+def test_the_contract_names_real_parameters():
+    """Every function and parameter of course.checks.contract.FORMS is a graded function's, in its signature."""
+    signatures = {}
+    for catalogue in CATALOGUES:
+        nb = nbtools.read(_notebook(catalogue.stem))
+        cells = {nbtools.grade_id(c): c.source for c in nb.cells if c.cell_type == "code"}
+        for function in graded_functions(nb):
+            tree = ast.parse(cells[function])
+            signatures |= {node.name: {a.arg for a in (*node.args.args, *node.args.kwonlyargs)}
+                           for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function}
+    for function, params in FORMS.items():
+        assert function in signatures, f"FORMS names {function}, which is no graded function"
+        assert set(params) <= signatures[function], (function, set(params) - signatures[function])
 
 
 def test_machine_made_mutants_change_only_the_answer_and_cover_every_function():

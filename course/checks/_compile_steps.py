@@ -58,8 +58,8 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
                 else:
                     check(counts["scale"] == 0, f"with precision={precision!r} an enabled GradScaler scaled the loss",
                           "only fp16 needs a scaler: enable the GradScaler exactly for float16")
-        for gpu in ("T4", "A100"):  # on the A100 compiled (a stand-in), from pinned batches
-            _check_auto_on(fit, gpu, compile=gpu == "A100")
+        for gpu, device in (("T4", "cuda"), ("A100", "cuda:0")):  # on the A100 compiled (a stand-in), from pinned
+            _check_auto_on(fit, gpu, device, compile=gpu == "A100")  # batches; the device spelled as strings
         try:
             fit(AutocastSpy(_mlp(8)), train, val, epochs=1, device="cpu", precision="fp8")
         except ValueError as error:
@@ -75,16 +75,17 @@ def check_fit_precision(fit: Callable[..., Any]) -> None:
            "enabled GradScaler exactly for fp16, and refuses an unknown precision")
 
 
-def _check_auto_on(fit: Callable[..., Any], gpu: str, compile: bool) -> None:
-    """precision="auto" on a (simulated) `gpu`, from pinned batches: the autocast dtype of every enabled region
-    (training, validation and, with `compile`, the stand-in compiler's first call), the GradScaler, blocking copies."""
+def _check_auto_on(fit: Callable[..., Any], gpu: str, device: str, compile: bool) -> None:
+    """precision="auto" on a (simulated) `gpu` given as `device`, from pinned batches: the autocast dtype of every
+    enabled region (training, validation and, with `compile`, the stand-in compiler's first call), the GradScaler,
+    blocking copies."""
     __tracebackhide__ = True
     data = digits()
     pinned = {"batch_size": 32, "pin_memory": True}
     with gpu_session(gpu) as sim, stand_in_compile():
         train = DataLoader(Subset(data.train, range(128)), shuffle=True, **pinned)
         history = _fitted(fit, CostlyModel(64, 10, ms_per_call=1.0), train,
-                          DataLoader(Subset(data.val, range(64)), **pinned), epochs=1, device=sim.device,
+                          DataLoader(Subset(data.val, range(64)), **pinned), epochs=1, device=device,
                           precision="auto", compile=compile)
         capability = tuple(torch.cuda.get_device_capability(sim.device))
         name = torch.cuda.get_device_name(sim.device)

@@ -74,7 +74,8 @@ def check_amp_dtype(amp_dtype: Callable[..., Any]) -> None:
                           ("H100", torch.bfloat16)):  # the table of section 4
             with simulated_cuda(gpu, replace_real=True) as sim:
                 major, minor = torch.cuda.get_device_capability(sim.device)
-                for given, label in ((sim.device, "torch.device('cuda:0')"), ("cuda", "'cuda'")):
+                for given, label in ((sim.device, "torch.device('cuda:0')"), ("cuda", "'cuda'"),
+                                     ("cuda:0", "'cuda:0'")):
                     expect_dtype(given, want, f"amp_dtype({label}) on a simulated {gpu} (compute capability "
                                  f"{major}.{minor})", _RULE)
                 expect_dtype(torch.device("cpu"), torch.bfloat16, f"amp_dtype(torch.device('cpu')) while a {gpu} is "
@@ -138,7 +139,7 @@ def check_make_scaler(make_scaler: Callable[..., Any]) -> None:
         expect_equal(again.get_scale(), 65536.0, "the scale of a second make_scaler(cpu, torch.float16), made after "
                      "the first one skipped a step", "return a new torch.amp.GradScaler on every call")
         with simulated_cuda("T4", replace_real=True) as sim:
-            for device, label in ((sim.device, "torch.device('cuda:0')"), ("cuda", "'cuda'")):
+            for device, label in ((sim.device, "torch.device('cuda:0')"), ("cuda", "'cuda'"), ("cuda:0", "'cuda:0'")):
                 for name, dtype, enabled in _DTYPES:
                     _expect_scaler(make_scaler(device, dtype), enabled, "cuda",
                                    f"make_scaler({label}, torch.{name}) on a simulated T4")
@@ -207,9 +208,9 @@ def check_amp_train_step(amp_train_step: Callable[..., Any]) -> None:
         stale = []
         for param in net.parameters():
             param.register_hook(lambda grad, p=param: stale.append(p.grad is not None))
-        for _ in range(2):
+        for device in (CPU, "cpu"):   # a torch.device, then a string: the docstring promises both
             run_step(amp_train_step, net, seeded_batch(), optimizer, torch.amp.GradScaler("cpu", enabled=False),
-                     torch.nn.functional.cross_entropy, CPU, torch.bfloat16)
+                     torch.nn.functional.cross_entropy, device, torch.bfloat16)
         check(len(stale) == 8 and not any(stale), "old gradients (zero tensors or last step's values) were still there "
               "when the second step's backward pass ran, with an optimizer whose zero_grad() keeps zero tensors",
               "drop the old gradients before the backward pass, asking for None rather than zeros (section 6)")
@@ -242,7 +243,9 @@ def check_amp_train_step_scaler(amp_train_step: Callable[..., Any]) -> None:
                   "every step needs all of the scaler's calls, in the order of section 6")
             expect_equal(scaler.get_scale(), 512.0, f"the scale after a clean step that followed the {bad} one",
                          "the scale grows only after 2 000 clean steps in a row (section 5)")
-        for gpu, dtype, scaled in (("T4", torch.float16, True), ("A100", torch.bfloat16, False)):
+        # each spelling of a GPU the docstring promises (None: the simulated device, a torch.device with its index)
+        for gpu, dtype, scaled, device in (("T4", torch.float16, True, "cuda"), ("L4", torch.float16, True, None),
+                                           ("A100", torch.bfloat16, False, "cuda:0")):
             with simulated_cuda(gpu, replace_real=True) as sim:
                 torch.manual_seed(0)
                 net = Net().to(sim.device)
@@ -250,8 +253,9 @@ def check_amp_train_step_scaler(amp_train_step: Callable[..., Any]) -> None:
                 scaler = torch.amp.GradScaler("cuda", enabled=scaled)
                 sim.clear()
                 got = run_step(amp_train_step, net, seeded_batch(), optimizer, scaler,
-                               torch.nn.functional.cross_entropy, sim.device, dtype)
-                expect_type(got, float, f"amp_train_step(...) on a simulated {gpu} returned",
+                               torch.nn.functional.cross_entropy, device or sim.device, dtype)
+                expect_type(got, float, f"amp_train_step(..., device={device or sim.device!r}) on a simulated {gpu} "
+                            "returned",
                             "return the loss as a Python float")
                 moved = [c for c in sim.h2d_copies if tuple(c.shape) in ((32, 12), (32,))]
                 check(len(moved) >= 2 and all(c.non_blocking for c in moved),

@@ -29,6 +29,7 @@ from course.checks import (
     passed,
 )
 from course.checks._predict import expect_prediction
+from course.checks.contract import CUDA, FORMS, examples
 from course.ledger import Ledger, entry_point
 from course.simgpu import simulated_cuda
 
@@ -184,7 +185,9 @@ def check_describe_device(describe_device: Callable) -> None:
         for gpu in ("T4", "A100", "H100"):
             with simulated_cuda(gpu, replace_real=True) as sim:
                 capability = tuple(torch.cuda.get_device_capability(sim.device))
-                for request in (sim.device, "cuda:0"):
+                for request in examples(FORMS["describe_device"]["device"]):
+                    if torch.device(request).type != "cuda":
+                        continue
                     call = f"describe_device({request!r}) on a simulated {gpu}"
                     d = _described(describe_device, request, call)
                     expect_equal(d["type"], "cuda", f"the type from {call}", "the device type, as a string")
@@ -320,10 +323,12 @@ def check_smoke_test(smoke_test: Callable) -> None:
         _smoke(smoke_test, Recorder(3, 5), torch.randn(6, 3), "meta", "smoke_test(model, a (6, 3) batch, 'meta')",
                param_device="meta", shape=(6, 5), finite=True)
         with simulated_cuda("T4", replace_real=True):
-            _smoke(smoke_test, Recorder(), torch.randn(5, 3), "cuda",
-                   "smoke_test(model, a (5, 3) batch, 'cuda') on a (simulated) GPU",
-                   param_device="cuda:0", shape=(5, 2), finite=True)
-        for value in ("nan", "inf"):
-            _smoke(smoke_test, Recorder(value=float(value)), torch.randn(3, 3), "cpu",
-                   f"smoke_test on a model whose output holds {value}", param_device="cpu", shape=(3, 2), finite=False)
+            for device in examples(CUDA):   # each spelling of a GPU that the docstring promises
+                _smoke(smoke_test, Recorder(), torch.randn(5, 3), device,
+                       f"smoke_test(model, a (5, 3) batch, {device!r}) on a (simulated) GPU",
+                       param_device="cuda:0", shape=(5, 2), finite=True)
+        for value, device in (("nan", "cpu"), ("inf", torch.device("cpu"))):
+            _smoke(smoke_test, Recorder(value=float(value)), torch.randn(3, 3), device,
+                   f"smoke_test on a model whose output holds {value}, on {device!r}", param_device="cpu",
+                   shape=(3, 2), finite=False)
     passed("smoke_test reports one eval-mode, no-grad forward pass on the device")

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -251,8 +252,8 @@ def check_save_on_rank0(save_on_rank0: Any) -> None:
     state = {"weights": torch.arange(4.0), "step": 7}
     for rank in (1, 0):
         path = os.path.join(folder, f"as-rank{rank}.pt")
-        try:
-            wrote = save_on_rank0(state, path, rank)
+        try:   # rank 0's path as a pathlib.Path, rank 1's as a str: the docstring promises both
+            wrote = save_on_rank0(state, Path(path) if rank == 0 else path, rank)
         except (RuntimeError, ValueError) as exc:
             check(False, f"save_on_rank0 without a process group raised {type(exc).__name__}: {exc}",
                   "call dist.barrier() only when dist.is_initialized()")

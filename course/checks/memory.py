@@ -125,7 +125,8 @@ def check_peak_memory(peak_memory: Callable[..., Any]) -> None:
     """peak_memory on a simulated T4: the peak inside fn (not an earlier peak, not the figure after fn), one call of
     fn, the peak statistics left at fn's peak, devices as strings and torch.device, ValueError for the CPU."""
     __tracebackhide__ = True
-    for device_arg, earlier_mib, inside_mib, kept_mib in (("cuda", 64, 16, 1), (torch.device("cuda", 0), 40, 3, 2)):
+    for device_arg, earlier_mib, inside_mib, kept_mib in (("cuda", 64, 16, 1), (torch.device("cuda", 0), 40, 3, 2),
+                                                          ("cuda:0", 24, 5, 1)):
         label = (f"peak_memory(fn, {device_arg!r}) with {kept_mib} MiB kept and fn holding {inside_mib} MiB for a "
                  "moment")
         with simulated_cuda("T4", replace_real=True) as sim:
@@ -277,8 +278,22 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
         check(len(first_seen) >= count and all(first_seen[:count]),
               f"old gradients were still in .grad when the first micro-batch's backward ran ({label})",
               "call optimizer.zero_grad(set_to_none=True) once, before the first micro-batch")
-    sizes, label = [10, 10, 4], "micro-batches of [10, 10, 4] samples in fp16 with a GradScaler on a simulated T4"
-    with simulated_cuda("T4", replace_real=True) as sim:
+    # on simulated GPUs, the device spelled each way the docstring promises; fp16 with a GradScaler, bf16 without
+    for gpu, dtype, device in (("T4", torch.float16, "cuda:0"), ("L4", torch.float16, torch.device("cuda", 0)),
+                               ("A100", torch.bfloat16, "cuda")):
+        _accumulate_on_gpu(accumulation_step, gpu, dtype, device)
+    passed("accumulation_step gives the whole batch's update and per-sample loss, for unequal micro-batches too")
+
+
+def _accumulate_on_gpu(accumulation_step: Callable[..., Any], gpu: str, dtype: torch.dtype, device: Any) -> None:
+    """One accumulated step of micro-batches of [10, 10, 4] samples on a simulated `gpu` in `dtype` (fp16 with an
+    enabled GradScaler; bf16 with a disabled one)."""
+    __tracebackhide__ = True
+    scaled = dtype == torch.float16
+    sizes = [10, 10, 4]
+    label = (f"micro-batches of {sizes} samples in {str(dtype).removeprefix('torch.')}"
+             f"{' with a GradScaler' if scaled else ''} on a simulated {gpu}, device={device!r}")
+    with simulated_cuda(gpu, replace_real=True) as sim:
         model, (x, y) = small_classifier().to(sim.device), targets_data(sum(sizes))
         opt = LegacySGD(model.parameters(), lr=0.1)
         in_autocast: list[bool] = []
@@ -287,10 +302,12 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
             in_autocast.append(torch.is_autocast_enabled("cuda"))
             return nn.functional.cross_entropy(outputs, targets)
 
-        scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+        scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=scaled)
         sim.clear()  # only what accumulation_step does from here on
-        got = accumulation_step(model, list(zip(x.split(sizes), y.split(sizes), strict=True)), opt, scaler, spying,
-                                sim.device, torch.float16)
+        with calling(f"accumulation_step({label})", "a device may come as a string ('cuda:0') or as a torch.device: "
+                     "code that reads device.type needs torch.device(device) first"):
+            got = accumulation_step(model, list(zip(x.split(sizes), y.split(sizes), strict=True)), opt, scaler,
+                                    spying, device, dtype)
         params = [p.detach().cpu() for p in model.parameters()]
         calls = [c.method for c in sim.scaler_calls if c.method != "unscale_"]
         copies = [c.non_blocking for c in sim.h2d_copies]
@@ -298,18 +315,18 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
         backwards, backward_in_autocast = len(sim.backwards), bool(sim.backward_in_autocast)
     want_params, want_loss = whole_batch_step(sum(sizes), 0.1, nn.functional.cross_entropy)
     expect_equal(calls, ["scale"] * 3 + ["step", "update"], f"the GradScaler calls ({label})",
-                 "scaler.scale(loss).backward() per micro-batch, then one scaler.step and one scaler.update")
+                 "scaler.scale(loss).backward() per micro-batch, then one scaler.step and one scaler.update (a "
+                 "disabled scaler passes everything through)")
     expect_equal(copies, [True] * 6, f"non_blocking of each copy to the GPU ({label}: inputs and targets of three "
                  "micro-batches)", "copy each micro-batch with .to(device, non_blocking=True): the host need not wait "
                  "for the copy (module 02)")
-    expect_equal(regions, [("cuda", torch.float16)] * 3, f"the autocast regions ({label})",
-                 "one torch.autocast(device_type=device.type, dtype=dtype) block per micro-batch")
+    expect_equal(regions, [("cuda", dtype)] * 3, f"the autocast regions ({label})",
+                 "one torch.autocast(device_type=torch.device(device).type, dtype=dtype) block per micro-batch")
     expect_equal(in_autocast, [True] * 3, f"whether each loss was computed inside autocast ({label})",
                  "compute the loss inside the autocast block")
     check(backwards == 3 and not backward_in_autocast, f"{backwards} backward calls, inside autocast: "
           f"{backward_in_autocast} ({label})", "one backward per micro-batch, after the autocast block")
     same_step(got, want_loss, params, want_params, label, 3e-2, 5e-2, 2e-3)
-    passed("accumulation_step gives the whole batch's update and per-sample loss, for unequal micro-batches too")
 
 
 def check_CheckpointedMLP(CheckpointedMLP: type) -> None:  # named after the learner's class

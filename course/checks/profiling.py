@@ -112,6 +112,12 @@ def check_profile_steps(profile_steps: Any) -> None:
               "profiler stays in `wait`, records nothing and never calls on_trace_ready" if not stepped else
               "export the trace with prof.export_chrome_trace(trace_path), e.g. from on_trace_ready")
         trace = json.loads(path.read_text())
+        again = Path(folder) / "as-a-path.json"   # trace_path as a pathlib.Path too: the docstring promises both
+        with calling("profile_steps(regions, a pathlib.Path, steps=1, wait=0, warmup=0)",
+                     "trace_path may be a str or a pathlib.Path: str(trace_path) works for both"):
+            profile_steps({"tick": lambda: None}, again, steps=1, wait=0, warmup=0)
+        check(again.is_file(), "no trace file at trace_path after profile_steps(..., a pathlib.Path, ...)",
+              "trace_path may be a str or a pathlib.Path: str(trace_path) works for both")
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     steps = sorted(e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
     expect_equal(steps, ["ProfilerStep#3", "ProfilerStep#4"], "the steps in the trace (wait=2, warmup=1, steps=2)",
@@ -171,7 +177,9 @@ def check_time_breakdown(time_breakdown: Any) -> None:
                 _sleep_ms(4.0)
             torch.ones(8) + 1
         prof.export_chrome_trace(str(path))
-        cpu = time_breakdown(str(path))
+        with calling("time_breakdown(the path of a real CPU trace, as a pathlib.Path)",
+                     "accept the path as a str or a pathlib.Path: open(path) takes both"):
+            cpu = time_breakdown(path)   # a pathlib.Path this time: the docstring promises both
     expect_type(cpu, dict, "time_breakdown of a real torch.profiler CPU trace", "return a dict")
     check(cpu.get("kernels") == 0 and cpu.get("gpu_ms") == 0.0,
           f"a CPU-only torch.profiler trace gave kernels={cpu.get('kernels')!r}, gpu_ms={cpu.get('gpu_ms')!r}",

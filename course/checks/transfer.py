@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Tenso
 from course import transfer
 from course.checks import check, expect_equal, expect_type, noting_warnings, passed
 from course.checks._predict import expect_prediction
+from course.checks.contract import CUDA, FORMS, examples
 from course.simgpu import gpu_work, simulated_cuda
 
 __all__ = ["check_copy_to_host", "check_make_loader", "check_predict_copy", "check_to_device"]
@@ -101,6 +102,10 @@ def check_to_device(to_device: Callable) -> None:
         check(moved["y"][1] is label and moved["y"][2] is count and moved["z"][1] is None,
               f"a non-tensor was changed: got {moved['y'][1:]!r} and {moved['z'][1]!r}",
               "return anything that is not a tensor, list, tuple or dict as it is")
+        kept = to_device((torch.arange(2), [label]), torch.device("cpu"))
+        check(type(kept) is tuple and torch.equal(kept[0], torch.arange(2)) and kept[1] == [label],
+              f"to_device((a tensor, [a string]), torch.device('cpu')) returned {kept!r}",
+              "accept a torch.device as well as a string, and keep the structure")
         untouched = batch["x"].device.type == "cpu" and batch["y"] is inner and inner[0].device.type == "cpu"
         check(untouched, "to_device changed the input batch", "do not modify the input: build new containers")
         with simulated_cuda("T4", replace_real=True) as gpu:
@@ -108,9 +113,15 @@ def check_to_device(to_device: Callable) -> None:
             expect_type(on_gpu, tuple, "to_device(a tuple, 'cuda')", "a tuple stays a tuple")
             check(on_gpu[0].is_cuda and on_gpu[1][0].is_cuda, "the tensors did not reach the GPU",
                   "move each tensor to the device")
+            for device in examples(FORMS["to_device"]["device"]):   # every spelling the docstring accepts
+                if torch.device(device).type == "cuda":
+                    moved_here = to_device([torch.ones(2)], device)
+                    check(moved_here[0].is_cuda, f"to_device([a tensor], {device!r}) left the tensor on "
+                          f"{moved_here[0].device}", "move each tensor to the device, however it is spelled")
             blocking = [c for c in gpu.h2d_copies if not c.non_blocking]
-            check(not blocking, f"{len(blocking)} copies to the GPU were blocking",
-                  "copy to a CUDA device with non_blocking=True")
+            check(not blocking, f"{len(blocking)} of {len(gpu.h2d_copies)} copies to the GPU were blocking (to "
+                  f"{gpu.device!r} and to each of {list(CUDA)})",
+                  "copy to a CUDA device with non_blocking=True, whichever way the device is spelled")
             expected = torch.arange(4.0) * 3
             gpu_work(20)  # the GPU is still busy when the copies back are queued
             back = to_device({"v": (torch.arange(4.0) * 3).to(gpu.device)}, "cpu")
