@@ -106,9 +106,13 @@ def _torch_state():
         torch.set_num_threads(threads)
 
 
+CASE = "(case)"   # the parameter name under which `recorded` notes an edge case of course.checks.contract.CASES
+
+
 def recorded(fn, calls: list):
     """`fn`, noting the form of each argument it is called with (`course.checks.contract.form`) and whether a hidden
-    test's probe or a visible check made the call: `calls` gets (origin, parameter, form) tuples, a parameter left out
+    test's probe or a visible check made the call: `calls` gets (origin, parameter, form) tuples (and (origin, CASE,
+    case) for each edge case of course.checks.contract.CASES the call is), a parameter left out
     counting as its default, and the function's calls of itself not counted. A plain wrapper (`functools.wraps`: the
     graded name stays the learner's own) that uses nothing of this module, so that a rank worker it is sent to runs it
     as `fn` (nothing is noted there)."""
@@ -120,7 +124,7 @@ def recorded(fn, calls: list):
         while caller is not None and caller.f_code.co_name in ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"):
             caller = caller.f_back
         if os.getpid() == pid and (caller is None or caller.f_code is not fn.__code__):   # not its own recursion
-            from course.checks.contract import form
+            from course.checks.contract import cases, form
 
             try:
                 bound = signature.bind(*args, **kwargs)
@@ -133,6 +137,7 @@ def recorded(fn, calls: list):
                     origin = "hidden" if frame.f_code.co_name.startswith("__probe_") else origin
                     frame = frame.f_back
                 calls.extend((origin, name, form(value)) for name, value in bound.arguments.items())
+                calls.extend((origin, CASE, case) for case in cases(fn.__name__, dict(bound.arguments)))
         return fn(*args, **kwargs)
 
     return call

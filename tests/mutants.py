@@ -51,12 +51,12 @@ EQUIVALENT: dict[str, str] = {
     "accumulation_step:12:13 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, "
     "enabled=(dtype != torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "autocast asked for float32 disables itself (with a warning, which decides no test): the same as enabled=False",
-    "train_and_evaluate:19:8 call_removed: 'model.train()' -> 'pass'":
+    "train_and_evaluate:29:8 call_removed: 'model.train()' -> 'pass'":
         "parity_model() is built in training mode, and nothing switches it to eval before the training ends",
-    "train_and_evaluate:15:56 constant_changed: '1e-3' -> '0.002'":
+    "train_and_evaluate:25:56 constant_changed: '1e-3' -> '0.002'":
         "05's statement leaves the optimizer to the learner (\"SGD ... would be as fair a comparison\"): only every "
         "precision getting the same counts",
-    **{f"train_and_evaluate:24:{change}": "05's statement leaves the evaluation's precision to the learner (an "
+    **{f"train_and_evaluate:34:{change}": "05's statement leaves the evaluation's precision to the learner (an "
        "evaluation in fp32 is as fair, the same for every precision); autocast asked for float32 disables itself "
        "with a warning, and a warning never decides a test" for change in (
            "26 keyword_dropped: 'torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)' -> "
@@ -76,11 +76,11 @@ EQUIVALENT: dict[str, str] = {
        for at in ("14:37", "15:56", "26:76", "30:42", "31:42", "32:40")},
     "step_mfu:17:4 keyword_dropped: 'model.zero_grad(set_to_none=True)' -> 'model.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0 (the course needs 2.4)",
-    **{f"pick_device:29:{change}": "the verb of the message ('is'/'are'): the contract asks that the message names "
+    **{f"pick_device:31:{change}": "the verb of the message ('is'/'are'): the contract asks that the message names "
        "the device asked for and lists the available ones" for change in (
            "38 condition_negated: 'len(available) == 1' -> 'not (len(available) == 1)'",
            "38 comparison_shifted: 'len(available) == 1' -> 'len(available) != 1'", "56 constant_changed: '1' -> '0'")},
-    **{f"DeviceSafeNet:13:{change}": "the weights are divided by their sum: a constant factor cancels" for change in (
+    **{f"DeviceSafeNet:14:{change}": "the weights are divided by their sum: a constant factor cancels" for change in (
         "16 arithmetic_swapped: 'torch.arange(1, x.shape[1] + 1, device=x.device) / x.shape[1]' -> "
         "'(torch.arange(1, x.shape[1] + 1, device=x.device)) * (x.shape[1])'", "75 constant_changed: '1' -> '0'")},
     "make_loader:13:22 arguments_swapped: 'max(0, min(4, (os.cpu_count() or 1) - 1))' -> "
@@ -89,7 +89,7 @@ EQUIVALENT: dict[str, str] = {
         "min is symmetric",
     "make_loader:13:55 constant_changed: '1' -> '0'":
         "os.cpu_count() is None: max(0, min(4, 1 - 1)) and max(0, min(4, 0 - 1)) are both 0",
-    **{f"copy_to_host:8:{change}": "a blocking copy is also safe to read when the function returns; the contract asks "
+    **{f"copy_to_host:10:{change}": "a blocking copy is also safe to read when the function returns; the contract asks "
        "for safety, not speed" for change in (
            "15 keyword_dropped: 'tensor.detach().to(\"cpu\", non_blocking=True)' -> 'tensor.detach().to(\"cpu\")'",
            "54 constant_changed: 'True' -> 'False'")},
@@ -102,54 +102,54 @@ EQUIVALENT: dict[str, str] = {
     "train_ddp:30:48 constant_changed: 'True' -> 'False'": "zeroed gradients instead of None: backward adds to zeros, "
                                                           "and plain SGD (no momentum, no weight decay) steps the same",
     **{label: "stacklevel only moves the place the warning names; its category and message are the same" for label in (
-        "safe_compile:11:8 keyword_dropped: 'warnings.warn(f\"torch.compile failed, running the model eagerly: "
+        "safe_compile:12:8 keyword_dropped: 'warnings.warn(f\"torch.compile failed, running the model eagerly: "
         "{type(error).__name__}: {error}\",\\n                      RuntimeWarning, stacklevel=2)' -> 'warnings.warn("
         "f\"torch.compile failed, running the model eagerly: {type(error).__name__}: {error}\", RuntimeWarning)'",
-        "safe_compile:12:49 constant_changed: '2' -> '4'")},
-    "compile_report:23:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
+        "safe_compile:13:49 constant_changed: '2' -> '4'")},
+    "compile_report:24:8 call_removed: 'wait()' -> 'pass'": "the eager timing just before ends with "
         "torch.utils.benchmark's own synchronisation: no GPU work is queued when the clock starts",
-    "fit:39:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
+    "fit:41:8 call_removed: 'model.train()' -> 'pass'": "compiling a model left in eval mode gives the same results: "
         "the compiled code is guarded on the module's mode, so the first training step recompiles (a cost, not a "
         "wrong result)",
-    "fit:48:8 call_removed: 'finish_gpu_work()' -> 'pass'": "no GPU work is queued when a later epoch's clock "
+    "fit:50:8 call_removed: 'finish_gpu_work()' -> 'pass'": "no GPU work is queued when a later epoch's clock "
         "starts (the previous epoch ended by reading its loss and accuracy: .item() waits); before the first, at most "
         "the model's copy to the device, a few ms against an epoch",
     "time_gpu:15:8 call_removed: 'torch.cuda.synchronize(device)' -> 'pass'": "a CUDA event is stamped when the GPU "
         "reaches it: the first start event, queued behind the warm-up's work, is stamped after that work anyway",
-    "train_throughput:29:8 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+    "train_throughput:30:8 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0",
     **{f"train_throughput:{at} constant_changed: '2' -> '4'": "a batch is an (inputs, targets) pair: [:4] takes the "
-       "same two items as [:2]" for at in ("39:28", "44:39")},
+       "same two items as [:2]" for at in ("40:28", "45:39")},
     "find_max_batch:19:15 arguments_swapped: 'min(2 * good, limit)' -> 'min(limit, 2 * good)'": "min is symmetric",
     **{f"fit:{change}": "the progress bar's label and whether it stays on screen: what the learner sees, not what fit "
        "returns" for change in (
-           "50:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
+           "52:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
            "'tqdm(train_loader, leave=False)'",
-           "50:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
+           "52:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
            "'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\")'",
-           "50:92 constant_changed: 'False' -> 'True'", "50:64 arithmetic_swapped: 'epoch + 1' -> '(epoch) - (1)'",
-           "50:72 constant_changed: '1' -> '0'")},
+           "52:92 constant_changed: 'False' -> 'True'", "52:64 arithmetic_swapped: 'epoch + 1' -> '(epoch) - (1)'",
+           "52:72 constant_changed: '1' -> '0'")},
     **{f"fit:{at} keyword_dropped: 'torch.autocast(device.type, dtype=dtype, enabled=use_autocast)' -> "
        "'torch.autocast(device.type, dtype=dtype)'": "enabled is True for bf16 and fp16; autocast asked for float32 "
        "disables itself on the CPU and on CUDA (with a warning, 'the target dtype is not supported', which decides no "
-       "test): the same as enabled=False" for at in ("40:13", "54:17", "71:30")},
-    "fit:70:25 keyword_dropped: 'torch.zeros((), dtype=torch.long, device=device)' -> 'torch.zeros((), "
+       "test): the same as enabled=False" for at in ("42:13", "56:17", "73:30")},
+    "fit:72:25 keyword_dropped: 'torch.zeros((), dtype=torch.long, device=device)' -> 'torch.zeros((), "
     "device=device)'": "a float32 count of correct predictions is exact up to 2**24 (16.7 million validation "
                        "samples), so correct.item() / total gives the same percentage",
-    "fit:53:12 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+    "fit:55:12 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0",
-    "fit:53:44 constant_changed: 'True' -> 'False'": "every parameter gets a gradient in every step, so AdamW steps "
+    "fit:55:44 constant_changed: 'True' -> 'False'": "every parameter gets a gradient in every step, so AdamW steps "
         "the same from zeroed gradients as from None",
-    "set_seed:7:4 call_removed: 'torch.cuda.manual_seed_all(seed)' -> 'pass'": "torch.manual_seed seeds every device, "
+    "set_seed:8:4 call_removed: 'torch.cuda.manual_seed_all(seed)' -> 'pass'": "torch.manual_seed seeds every device, "
         "CUDA included (its docs); the explicit call repeats it",
     **{f"{at} default_used: '{name}' -> '({value})'": "the ValueError's message text (the contract asks for the "
        "error, not its wording)" for at, name, value in (
-           ("time_gpu:10:34", "iters", 20), ("time_gpu:10:50", "warmup", 3), ("measure_throughput:11:34", "iters", 20),
-           ("measure_throughput:11:50", "warmup", 3), ("train_throughput:12:34", "iters", 20),
-           ("train_throughput:12:50", "warmup", 3))},
-    "train_and_evaluate:15:16 keyword_dropped: 'torch.optim.Adam(model.parameters(), lr=1e-3)' -> "
+           ("time_gpu:10:34", "iters", 20), ("time_gpu:10:50", "warmup", 3), ("measure_throughput:12:34", "iters", 20),
+           ("measure_throughput:12:50", "warmup", 3), ("train_throughput:13:34", "iters", 20),
+           ("train_throughput:13:50", "warmup", 3))},
+    "train_and_evaluate:25:16 keyword_dropped: 'torch.optim.Adam(model.parameters(), lr=1e-3)' -> "
     "'torch.optim.Adam(model.parameters())'": "1e-3 is Adam's default learning rate",
-    "amp_train_step:13:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
+    "amp_train_step:18:9 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, enabled=(dtype != "
     "torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "torch.autocast disables itself for float32 on the CPU and on CUDA (with a warning: 'the target dtype is not "
         "supported'), so the step is the same",

@@ -13,7 +13,8 @@ to the first test cell that fails:
 The whole cell runs the visible check first, then the judge: what either half catches, the whole cell catches. The
 detection rates are printed at the end of the pytest run. The correct variants' runs also record the form of every
 argument the checks pass (tests/harness.py's `recorded`): the visible checks and the hidden tests must each try
-every form of a device, path or dtype parameter that the docstring promises (course.checks.contract.FORMS).
+every form of a device, path or dtype parameter that the docstring promises (course.checks.contract.FORMS), and
+every edge case it names (CASES).
 tests/test_alternatives.py grades a sample of the catalogue end to end.
 """
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from course.checks.contract import FORMS
+from course.checks.contract import CASES, FORMS
 from grader import nbtools
-from tests.harness import blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
+from tests.harness import CASE, blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
 from tests.mutants import EQUIVALENT, all_mutants
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
@@ -107,15 +108,18 @@ def test_catalogue_variants_are_judged_right(catalogue: Path, function: str, rec
 
 
 def _untried_forms(function: str, calls: list[tuple[str, str, str]]) -> list[str]:
-    """The forms of `function`'s parameters that its docstring promises (course.checks.contract.FORMS) and that the
-    visible checks, or the hidden tests, never passed in the correct variants' runs (#34: each half tries each)."""
+    """The forms of `function`'s parameters that its docstring promises (course.checks.contract.FORMS), and its edge
+    cases (CASES), that the visible checks, or the hidden tests, never tried in the correct variants' runs (#34:
+    each half tries each)."""
     missing = []
-    for param, forms in FORMS.get(function, {}).items():
+    wanted = [*FORMS.get(function, {}).items(), *([(CASE, tuple(CASES[function]))] if function in CASES else [])]
+    for param, forms in wanted:
         for origin, who in (("visible", "the visible checks"), ("hidden", "the hidden tests")):
             tried = {form for o, p, form in calls if o == origin and p == param}
             if set(forms) - tried:
-                missing.append(f"{who} never pass {param} as {', '.join(sorted(set(forms) - tried))}, which "
-                               "course.checks.contract.FORMS says the docstring promises")
+                what = "the edge cases" if param == CASE else f"{param} as"
+                missing.append(f"{who} never try {what} {', '.join(sorted(set(forms) - tried))}, which "
+                               "course.checks.contract says the docstring promises")
     return missing
 
 
@@ -132,6 +136,7 @@ def test_the_contract_names_real_parameters():
     for function, params in FORMS.items():
         assert function in signatures, f"FORMS names {function}, which is no graded function"
         assert set(params) <= signatures[function], (function, set(params) - signatures[function])
+    assert set(CASES) <= set(signatures), f"CASES names what is no graded function: {set(CASES) - set(signatures)}"
 
 
 def test_machine_made_mutants_change_only_the_answer_and_cover_every_function():

@@ -166,6 +166,17 @@ def _check_means(fit: Callable[..., Any]) -> None:
         expect_close(loss, float(losses.mean()), "train_loss for 70 samples in batches of 32, 32 and 6 (a model whose "
                      f"loss per sample is fixed; the mean of the 3 batch means would be {per_batch:.4f})", rel=1e-4,
                      hint="the epoch's loss per sample: a short last batch must weigh less than a full one")
+    train_set, val = TensorDataset(train_x, train_y), DataLoader(TensorDataset(val_x, val_y), batch_size=32)
+    sampler = torch.utils.data.SubsetRandomSampler(range(10, 50), generator=g)
+    for loader, trained, what in ((DataLoader(train_set, batch_size=32, drop_last=True), slice(0, 64),
+                                   "batches of 32 with drop_last=True (64 of the 70 samples trained on)"),
+                                  (DataLoader(train_set, batch_size=16, sampler=sampler), slice(10, 50),
+                                   "a SubsetRandomSampler of 40 of the 70 samples")):
+        fewer = _complete(_fitted(fit, _Fixed(weight), loader, val, epochs=1, device="cpu", precision="fp32"), 1,
+                          f"({what})")
+        expect_close(fewer["train_loss"][0], float(losses[trained].mean()), f"train_loss for {what}", rel=1e-4,
+                     hint="divide by the samples the epoch trained on (count them batch by batch), not by "
+                          "len(dataset): drop_last and samplers leave some out")
     for value in history["val_accuracy"]:
         expect_close(value, 100.0 * 32 / 50, "val_accuracy for 50 samples in batches of 32 (all right) and 18 (all "
                      "wrong)", rel=1e-9, hint="count the correct predictions over the whole validation set, then "

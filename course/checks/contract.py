@@ -1,5 +1,5 @@
 """What each graded function's docstring promises to accept, written once: the forms of its device, path and dtype
-parameters.
+parameters, and the edge cases its docstring or lesson names.
 
 Not taught in a lesson. A docstring that says "`device` (a torch.device or a string such as "cuda:0")" promises
 that `"cuda"`, `"cuda:0"` and `torch.device("cuda", 0)` all work; a check that only ever passes one of them lets an
@@ -7,16 +7,19 @@ answer that mishandles the others through (#34: blocking copies for the string "
 spelling and accepted in the other). `FORMS` lists, per graded function and parameter, the forms its docstring
 promises, as `form()` names a value; tests/test_mutations.py records every call that the visible checks and the
 hidden tests make to the solution and fails when either leaves a promised form untried. A check that wants to try
-each form reads them here (`examples`).
+each form reads them here (`examples`). `CASES` does the same for edge cases (an uneven split, an empty loader, a
+frozen parameter, drop_last): each is a test of one call's arguments, and each half must make a call that is one.
 """
 from __future__ import annotations
 
+import json
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["FORMS", "examples", "form"]
+__all__ = ["CASES", "FORMS", "cases", "examples", "form"]
 
 # a device, as the docstrings spell the CUDA forms: the type alone, with an index, and torch.device with an index
 CUDA = ("'cuda'", "'cuda:N'", "torch.device(cuda:N)")
@@ -27,6 +30,7 @@ AMP_DTYPES = ("torch.float16", "torch.bfloat16")
 
 FORMS: dict[str, dict[str, tuple[str, ...]]] = {
     # 01 device
+    "pick_device": {"prefer": ("None", *CUDA, "'cpu'", "'mps'", "'meta'")},
     "describe_device": {"device": ANY_DEVICE},
     "smoke_test": {"device": ANY_DEVICE},
     # 02 transfer
@@ -57,6 +61,112 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+def _params(model: Any) -> list:
+    return list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+
+
+def _trees(batch: Any, depth: int = 0) -> list:
+    """Every container of a batch (lists, tuples, dicts), with its depth."""
+    if isinstance(batch, (list, tuple, dict)):
+        values = batch.values() if isinstance(batch, dict) else batch
+        return [(batch, depth), *(t for v in values for t in _trees(v, depth + 1))]
+    return []
+
+
+def _loader_batches(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:      # a loader without a length: not known here
+        return None
+
+
+def _events(trace: Any) -> list | None:
+    """A trace's events, from the dict or the file; None when it cannot be read (the call's own problem)."""
+    if isinstance(trace, (str, pathlib.PurePath)):
+        try:
+            trace = json.loads(pathlib.Path(trace).read_text())
+        except (OSError, ValueError):
+            return None
+    return [e for e in trace.get("traceEvents", []) if isinstance(e, dict)] if isinstance(trace, dict) else None
+
+
+Case = Callable[[dict[str, Any]], bool]
+THROUGHPUT_CASES: dict[str, Case] = {
+    "a list of batches as the loader": lambda a: isinstance(a["loader"], list),
+    "a DataLoader": lambda a: isinstance(a["loader"], torch.utils.data.DataLoader),
+    "a loader with no batch (ValueError)": lambda a: _loader_batches(a["loader"]) == 0,
+    "iters < 1 (ValueError)": lambda a: a["iters"] < 1,
+    "warmup < 0 (ValueError)": lambda a: a["warmup"] < 0,
+    "no warm-up": lambda a: a["warmup"] == 0,
+}
+CASES: dict[str, dict[str, Case]] = {
+    # 02 transfer
+    "make_loader": {"num_workers=None (the default)": lambda a: a["num_workers"] is None,
+                    "num_workers=0": lambda a: a["num_workers"] == 0,
+                    "num_workers > 0": lambda a: isinstance(a["num_workers"], int) and a["num_workers"] > 0},
+    "to_device": {"a bare tensor": lambda a: isinstance(a["batch"], torch.Tensor),
+                  "nested containers": lambda a: any(d >= 2 for _, d in _trees(a["batch"])),
+                  "an empty container": lambda a: any(len(t) == 0 for t, _ in _trees(a["batch"])),
+                  "leaves that are not tensors": lambda a: any(
+                      not isinstance(v, (torch.Tensor, list, tuple, dict))
+                      for t, _ in _trees(a["batch"]) for v in (t.values() if isinstance(t, dict) else t))},
+    "copy_to_host": {"a CPU tensor": lambda a: a["tensor"].device.type == "cpu",
+                     "a CUDA tensor": lambda a: a["tensor"].device.type == "cuda",
+                     "a tensor that requires grad": lambda a: a["tensor"].requires_grad},
+    # 03 throughput
+    "time_gpu": {"iters < 1 (ValueError)": lambda a: a["iters"] < 1,
+                 "warmup < 0 (ValueError)": lambda a: a["warmup"] < 0,
+                 "no warm-up": lambda a: a["warmup"] == 0},
+    "measure_throughput": THROUGHPUT_CASES,
+    "train_throughput": THROUGHPUT_CASES,
+    # 05 parity
+    "parity_verdict": {"one accuracy as a number": lambda a: isinstance(a["ref_accs"], (int, float)),
+                       "a list of accuracies": lambda a: isinstance(a["ref_accs"], list),
+                       "a tuple of accuracies": lambda a: isinstance(a["ref_accs"], tuple)},
+    "all_finite": {"a frozen parameter": lambda a: any(not p.requires_grad for p in _params(a["model"])),
+                   "a 16-bit parameter": lambda a: any(p.dtype in (torch.float16, torch.bfloat16)
+                                                      for p in _params(a["model"])),
+                   "gradients, some of them None": lambda a: len({p.grad is None for p in _params(a["model"])}) == 2},
+    # 06 compile
+    "fit": {"drop_last": lambda a: bool(getattr(a["train_loader"], "drop_last", False)),
+            "a sampler of one's own": lambda a: type(getattr(a["train_loader"], "sampler", None)).__name__ not in (
+                "RandomSampler", "SequentialSampler", "NoneType"),
+            "a scheduler": lambda a: a["scheduler"] is not None,
+            "clip_grad_norm": lambda a: a["clip_grad_norm"] is not None,
+            "compile=True": lambda a: a["compile"] is True},
+    # 07 memory
+    "training_memory": {"frozen parameters": lambda a: any(not p.requires_grad for p in _params(a["model"])),
+                        "master weights": lambda a: a["master_weights"] is True,
+                        "buffers": lambda a: any(True for _ in a["model"].buffers()),
+                        "tied parameters": lambda a: len(_params(a["model"])) < sum(
+                            1 for _ in a["model"].named_parameters(remove_duplicate=False))},
+    "accumulation_step": {"unequal micro-batches": lambda a: len({len(m[0]) for m in a["micro_batches"]}) > 1,
+                          "a single micro-batch": lambda a: len(a["micro_batches"]) == 1},
+    # 08 distributed
+    "shard_loader": {"an uneven split": lambda a: len(a["dataset"]) % a["world_size"] != 0,
+                     "shuffle=False": lambda a: a["shuffle"] is False},
+    "save_on_rank0": {"rank 0": lambda a: a["rank"] == 0, "another rank": lambda a: a["rank"] != 0},
+    # 09 profiling
+    "profile_steps": {"no wait": lambda a: a["wait"] == 0, "no warm-up": lambda a: a["warmup"] == 0},
+    "time_breakdown": {"a trace without kernels": lambda a: _events(a["trace"]) is not None and not any(
+        e.get("cat") == "kernel" for e in _events(a["trace"]))},
+    "diagnose": {"a breakdown without GPU activity (ValueError)": lambda a: isinstance(a["breakdown"], dict)
+                 and a["breakdown"].get("gpu_ms") == 0},
+}
+
+
+def cases(function: str, arguments: dict[str, Any]) -> list[str]:
+    """The edge cases of CASES that one call of `function` with these (bound) arguments is."""
+    found = []
+    for name, test in CASES.get(function, {}).items():
+        try:
+            if test(arguments):
+                found.append(name)
+        except Exception:  # noqa: BLE001 - arguments a case does not apply to are not that case
+            pass
+    return found
+
+
 def form(value: Any) -> str:
     """The form of a parameter's value, as FORMS names it: "'cuda:N'" for the string "cuda:1", "torch.device(cpu)",
     "Path" for any pathlib path, "torch.float16", "dict", "None"; else the name of the value's type."""
@@ -85,7 +195,8 @@ def examples(forms: tuple[str, ...], index: int = 0) -> list[Any]:
 
 def _check_table() -> None:
     """FORMS names only forms that form() can return (a typo would be a form no call ever has)."""
-    known = {"None", "str", "Path", "dict", *ANY_DEVICE, "torch.float32", "torch.float16", "torch.bfloat16"}
+    known = {"None", "str", "Path", "dict", *ANY_DEVICE, "'mps'", "'meta'", "torch.float32", "torch.float16",
+             "torch.bfloat16"}
     unknown = {f for params in FORMS.values() for forms in params.values() for f in forms} - known
     if unknown:
         raise ValueError(f"course.checks.contract.FORMS names unknown forms {sorted(unknown)}")

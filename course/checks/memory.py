@@ -156,11 +156,13 @@ def check_peak_memory(peak_memory: Callable[..., Any]) -> None:
                      "leave the statistics as fn left them: reset before fn(), not after")
         expect_equal(after, kept_mib * 4 * MIB_FLOATS, f"the memory allocated after {label}",
                      "free nothing and keep nothing: only fn's own tensors come and go")
-    error = expect_raises(ValueError, peak_memory, lambda: None, "cpu", what="peak_memory(fn, 'cpu')",
-                          hint="raise ValueError when the device is not a CUDA device")
-    check("cpu" in str(error), f"the error for 'cpu' was {str(error)!r}",
-          "say which device has no memory statistics (cpu)")
-    passed("peak_memory reports the peak inside fn, after an earlier higher peak, and refuses the CPU")
+    for device in ("cpu", torch.device("meta")):
+        kind = torch.device(device).type
+        error = expect_raises(ValueError, peak_memory, lambda: None, device, what=f"peak_memory(fn, {device!r})",
+                              hint="raise ValueError when the device is not a CUDA device")
+        check(kind in str(error), f"the error for {device!r} was {str(error)!r}",
+              f"say which device has no memory statistics ({kind})")
+    passed("peak_memory reports the peak inside fn, after an earlier higher peak, and refuses the CPU and meta")
 
 
 def check_predict_peak(predict_peak: Callable[..., Any]) -> None:
@@ -254,7 +256,8 @@ def check_accumulation_step(accumulation_step: Callable[..., Any]) -> None:
     smoothed = lambda out, y: nn.functional.cross_entropy(out, y, label_smoothing=0.1)  # noqa: E731
     for sizes, loss_fn, device, lr, given in (([8, 8, 8, 8], nn.functional.cross_entropy, "cpu", 0.1, "'cpu'"),
                                               ([8, 8, 8, 2], smoothed, torch.device("cpu"), 0.3,
-                                               "torch.device('cpu')")):
+                                               "torch.device('cpu')"),
+                                              ([12], nn.functional.cross_entropy, "cpu", 0.2, "'cpu'")):
         label = f"micro-batches of {sizes} samples, fp32, device={given}"
         model, (x, y) = small_classifier(), targets_data(sum(sizes))
         want_params, want_loss = whole_batch_step(sum(sizes), lr, loss_fn)

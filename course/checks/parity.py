@@ -255,7 +255,18 @@ def check_all_finite(all_finite: Callable[..., Any]) -> None:
             return model
         return build
 
+    def frozen(value: str):
+        def build():
+            model = _model()
+            model[0].requires_grad_(False)  # a frozen layer, as in fine-tuning
+            with torch.no_grad():
+                model[0].weight.view(-1)[3] = float(value)
+            return model
+        return build
+
     cases += [("no gradients yet (a fresh model)", _model, True, "a gradient that does not exist (None) is no problem"),
+              ("NaN in a frozen layer's weight (requires_grad=False)", frozen("nan"), False,
+               "check every parameter, frozen ones too: model.parameters() yields them all"),
               ("NaN in the first weight", poke(0, "nan", index=6), False, "check the values of every parameter"),
               ("inf in the last bias", poke(3, "inf"), False, "look at every parameter, and treat inf like NaN"),
               ("-inf in the first bias", poke(1, "-inf"), False, "treat -inf like NaN too"),

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from course import transfer
-from course.checks import check, expect_equal, expect_type, noting_warnings, passed
+from course.checks import calling, check, expect_equal, expect_type, noting_warnings, passed
 from course.checks._predict import expect_prediction
 from course.checks.contract import CUDA, FORMS, examples
 from course.simgpu import gpu_work, simulated_cuda
@@ -67,6 +67,12 @@ def check_make_loader(make_loader: Callable) -> None:
                      "(num_workers, persistent_workers) with num_workers=0",
                      "use the number given; no workers, nothing to keep alive")
         check(isinstance(plain.sampler, SequentialSampler), "shuffle=False still shuffled", "pass shuffle on")
+        with warnings.catch_warnings():   # a worker count above this machine's cores: the DataLoader's own remark
+            warnings.simplefilter("ignore")
+            given = _loader(make_loader, "make_loader(..., num_workers=3)", ds, "cpu", batch_size=8, num_workers=3)
+        expect_equal((given.num_workers, given.persistent_workers), (3, True),
+                     "(num_workers, persistent_workers) with num_workers=3", "use the number given, whatever the "
+                     "machine has; keep the workers alive, since there are some")
         expect_equal(next(iter(plain))[1], torch.arange(8), "the first batch's labels with shuffle=False", "")
         with mock.patch.object(torch.cuda, "is_available", return_value=False):
             for device in ("cuda", "cuda:0", torch.device("cuda", 0), "cpu", torch.device("cpu"), "meta", "mps"):
@@ -102,6 +108,15 @@ def check_to_device(to_device: Callable) -> None:
         check(moved["y"][1] is label and moved["y"][2] is count and moved["z"][1] is None,
               f"a non-tensor was changed: got {moved['y'][1:]!r} and {moved['z'][1]!r}",
               "return anything that is not a tensor, list, tuple or dict as it is")
+        bare = to_device(torch.ones(3), "meta")
+        check(isinstance(bare, torch.Tensor) and bare.device.type == "meta",
+              f"to_device(a tensor, 'meta') returned {type(bare).__name__} on "
+              f"{getattr(bare, 'device', 'no device')}", "a batch may be a single tensor: move it")
+        empty = to_device({"none": [], "nothing": {}, "zero": ()}, "meta")
+        expect_equal(empty, {"none": [], "nothing": {}, "zero": ()}, "to_device of empty containers",
+                     "keep empty lists, dicts and tuples as they are (of the same type)")
+        check(all(type(empty[k]) is t for k, t in (("none", list), ("nothing", dict), ("zero", tuple))),
+              f"to_device changed the types of empty containers: {empty!r}", "an empty list stays a list, ...")
         kept = to_device((torch.arange(2), [label]), torch.device("cpu"))
         check(type(kept) is tuple and torch.equal(kept[0], torch.arange(2)) and kept[1] == [label],
               f"to_device((a tensor, [a string]), torch.device('cpu')) returned {kept!r}",
@@ -139,6 +154,11 @@ def check_copy_to_host(copy_to_host: Callable) -> None:
         got = copy_to_host(t)
         expect_type(got, torch.Tensor, "copy_to_host(a CPU tensor)", "return a torch.Tensor (not a NumPy array)")
         expect_equal(got, t, "copy_to_host(a CPU tensor)", "return the tensor's data")
+        with calling("copy_to_host(a tensor that requires grad)", "a tensor in autograd's graph cannot become a "
+                     "NumPy array as it is: detach it (or copy with torch)"):
+            graded = copy_to_host(torch.ones(3, requires_grad=True) * 4)
+        expect_equal(graded.detach(), torch.full((3,), 4.0), "copy_to_host(a tensor that requires grad)",
+                     "return the tensor's data")
         kept = "return a new tensor for every call: a host buffer reused across calls is overwritten by the next copy"
         first = copy_to_host(torch.full((2, 3), 1.0))
         copy_to_host(torch.full((2, 3), 2.0))
