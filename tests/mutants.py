@@ -48,7 +48,7 @@ _ARITH_SWAP = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*", ast.Floo
 # A label names the line: when a solution changes, its old entries stop matching and the mutants show up again.
 _DUR = "a complete event (\"ph\": \"X\") always carries dur (Trace Event Format): the default is never used"
 EQUIVALENT: dict[str, str] = {
-    "accumulation_step:12:13 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, "
+    "accumulation_step:19:13 keyword_dropped: 'torch.autocast(device_type=device.type, dtype=dtype, "
     "enabled=(dtype != torch.float32))' -> 'torch.autocast(device_type=device.type, dtype=dtype)'":
         "autocast asked for float32 disables itself (with a warning, which decides no test): the same as enabled=False",
     "train_and_evaluate:29:8 call_removed: 'model.train()' -> 'pass'":
@@ -120,7 +120,7 @@ EQUIVALENT: dict[str, str] = {
         "set_to_none=True is zero_grad's default since torch 2.0",
     **{f"train_throughput:{at} constant_changed: '2' -> '4'": "a batch is an (inputs, targets) pair: [:4] takes the "
        "same two items as [:2]" for at in ("40:28", "45:39")},
-    "find_max_batch:19:15 arguments_swapped: 'min(2 * good, limit)' -> 'min(limit, 2 * good)'": "min is symmetric",
+    "find_max_batch:25:15 arguments_swapped: 'min(2 * good, limit)' -> 'min(limit, 2 * good)'": "min is symmetric",
     **{f"fit:{change}": "the progress bar's label and whether it stays on screen: what the learner sees, not what fit "
        "returns" for change in (
            "52:31 keyword_dropped: 'tqdm(train_loader, desc=f\"epoch {epoch + 1}/{epochs}\", leave=False)' -> "
