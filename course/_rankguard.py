@@ -125,7 +125,7 @@ class RankGuard:
         for name, module in _watched_modules():
             self._namespaces[name] = (vars(module), _kept(vars(module)))
             for key, value in vars(module).items():
-                home = str(getattr(value, "__module__", "")) if isinstance(value, type) else ""
+                home = str(getattr(value, "__module__", "")) if _is_class(value) else ""
                 if (home == name or home.startswith("torch._C._distributed")) and id(value) not in classes:
                     classes.add(id(value))
                     self._namespaces[f"{name}.{key}"] = (value, _kept(vars(value)))
@@ -170,9 +170,15 @@ def _members(name: str, module: types.ModuleType) -> list[tuple[str, object]]:
     found = []
     for key, value in list(vars(module).items()):
         found.append((f"{name}.{key}", value))
-        if isinstance(value, type) and getattr(value, "__module__", None) == name:
+        if _is_class(value) and getattr(value, "__module__", None) == name:
             found.extend((f"{name}.{key}.{k}", v) for k, v in list(vars(value).items()))
     return found
+
+
+def _is_class(value: object) -> bool:
+    """isinstance(value, type) without asking the object for its __class__ (torch.distributed.reduce_op warns that
+    it is deprecated whenever one of its attributes is read)."""
+    return issubclass(type(value), type)
 
 
 def _watched_modules() -> list[tuple[str, types.ModuleType]]:
