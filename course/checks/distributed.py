@@ -44,7 +44,8 @@ def _ok(result: Any, what: str, hint: str) -> Any:
 
 
 def check_init_distributed(init_distributed: Any) -> None:
-    """A process alone (twice, and with malformed variables), a 2-process gloo job, and a simulated CUDA machine."""
+    """A process alone (twice, and with malformed variables), a 2-process gloo job, and a simulated CUDA machine
+    (launched, and alone)."""
     __tracebackhide__ = True
     _fresh_kernel()
     hint = ("without CUDA the backend is 'gloo'; the defaults are 0, 1 and 0; pass rank= and world_size= to "
@@ -78,45 +79,57 @@ def check_init_distributed(init_distributed: Any) -> None:
                      "return (int(RANK), int(WORLD_SIZE), device) as the launcher set them")
         expect_equal(value[1:], ("gloo", 2, 3.0), f"(backend, group size, all-reduced 1 + 2) on rank {r.rank}",
                      "join with dist.init_process_group(backend, rank=rank, world_size=world_size)")
-    backends, current, results = _on_simulated_cuda(init_distributed)
-    for given, got in zip((None, "gloo"), results, strict=True):
-        call = f"init_distributed({'' if given is None else repr(given)}) on a (simulated) CUDA machine"
+    launched = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
+    for variables, args, got, backends, current in _on_simulated_cuda(init_distributed, (
+            (launched, ()), (launched, ("gloo",)), ({}, ()))):
+        call = f"init_distributed({', '.join(map(repr, args))}) on a (simulated) CUDA machine " + (
+            f"with {', '.join(f'{name}={value}' for name, value in variables.items())}" if variables else
+            "without RANK, WORLD_SIZE and LOCAL_RANK")
+        local = int(variables.get("LOCAL_RANK", 0))
         check(not isinstance(got, BaseException), f"{call} raised {type(got).__name__}: {got}",
               "on CUDA: torch.cuda.set_device(local_rank) and torch.device('cuda', local_rank)")
-        expect_equal(got, (5, 8, torch.device("cuda", 1)), f"{call} with RANK=5, WORLD_SIZE=8, LOCAL_RANK=1",
-                     "the device is torch.device('cuda', LOCAL_RANK): LOCAL_RANK picks the GPU of this machine")
-    expect_equal(backends, ["nccl", "gloo"], "the backends chosen on a CUDA machine: without an argument, then with "
-                 "backend='gloo'", "'nccl' when torch.cuda.is_available() and no backend is given; else the argument")
-    check(len(current) >= 1 and all(d in (1, "cuda:1", torch.device("cuda", 1)) for d in current),
-          f"on a CUDA machine with LOCAL_RANK=1, torch.cuda.set_device was called with {current}",
-          "call torch.cuda.set_device(local_rank): without it every process of a machine works on GPU 0")
+        expect_equal(got, (int(variables.get("RANK", 0)), int(variables.get("WORLD_SIZE", 1)),
+                           torch.device("cuda", local)), call, "the device is torch.device('cuda', LOCAL_RANK): "
+                     "LOCAL_RANK picks the GPU of this machine (0 without a launcher)")
+        expect_equal(backends, [args[0] if args else "nccl"], f"the backend that {call} joined with",
+                     "'nccl' when torch.cuda.is_available() and no backend is given; else the argument")
+        check(len(current) >= 1 and all(d in (local, f"cuda:{local}", torch.device("cuda", local)) for d in current),
+              f"{call}: torch.cuda.set_device was called with {current}", "call torch.cuda.set_device(local_rank): "
+              "without it every process of a machine works on GPU 0")
     passed("init_distributed joins a single process and a 2-process gloo job, names a malformed variable, and picks "
            "NCCL and cuda:LOCAL_RANK on a GPU machine")
 
 
-def _on_simulated_cuda(init_distributed: Any) -> tuple[list, list, list]:
-    """init_distributed() and init_distributed("gloo") with a simulated GPU, joining nothing: the backends passed to
-    init_process_group, the devices made current, and the two results (or errors)."""
+def _on_simulated_cuda(init_distributed: Any, calls: tuple) -> list[tuple]:
+    """init_distributed(*args) with a simulated GPU and the given launcher variables (none else), joining nothing,
+    for each (variables, args) of `calls`: (variables, args, the result or error, the backends passed to
+    init_process_group, the devices made current)."""
+    saved = {name: os.environ.get(name) for name in (*jobs.LAUNCH, "MASTER_ADDR", "MASTER_PORT")}
+    real_init, seen = dist.init_process_group, []
     backends: list = []
     current: list = []
 
-    def recorded(backend: Any = None, *args: Any, **kwargs: Any) -> None:
-        backends.append(kwargs.get("backend", backend))
+    def recorded(backend: Any = None, *args: Any, **kwargs: Any) -> None:  # instead of joining a real group
+        backends.append(backend)
 
-    saved = {name: os.environ.get(name) for name in (*jobs.LAUNCH, "MASTER_ADDR", "MASTER_PORT")}
-    real_init, results = dist.init_process_group, []
+    def made_current(device: Any) -> None:
+        current.append(device)
+
     try:
         with simulated_cuda("T4", replace_real=True):
             real_set_device = torch.cuda.set_device
             try:
-                dist.init_process_group, torch.cuda.set_device = recorded, current.append
-                os.environ.update(RANK="5", WORLD_SIZE="8", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(free_port()))
-                for args in ((), ("gloo",)):
+                dist.init_process_group, torch.cuda.set_device = recorded, made_current
+                for variables, args in calls:
+                    backends, current = [], []
+                    for name in jobs.LAUNCH:
+                        os.environ.pop(name, None)
+                    os.environ.update(variables, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
                     try:
-                        results.append(init_distributed(*args))
+                        got = init_distributed(*args)
                     except Exception as exc:  # noqa: BLE001 - reported by the caller
-                        results.append(exc)
+                        got = exc
+                    seen.append((variables, args, got, backends, current))
             finally:
                 dist.init_process_group, torch.cuda.set_device = real_init, real_set_device
     finally:
@@ -127,7 +140,7 @@ def _on_simulated_cuda(init_distributed: Any) -> tuple[list, list, list]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return backends, current, results
+    return seen
 
 
 def check_predict_all_reduce(predict_all_reduce: Any) -> None:
