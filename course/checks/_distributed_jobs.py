@@ -2,13 +2,17 @@
 
 Not taught in a lesson. The jobs take the learner's function as an argument (it travels by value, with the
 notebook's globals it uses) and return plain observations; `course.checks.distributed` decides from them. Module-level
-functions and classes here travel by reference, so the workers import this module.
+functions and classes here travel by reference, so the workers import this module. `nccl_on_simulated_gpu` makes a
+worker one process of an NCCL job with a GPU of its own, simulated, for the paths that only a GPU run takes.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,13 +22,57 @@ from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from course.distributed import free_port
 from course.ledger import Ledger, entry_point
+from course.simgpu import simulated_cuda
 
 BAD_VALUES = (("RANK", "first"), ("WORLD_SIZE", "1.0"), ("LOCAL_RANK", ""))
 LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# the collectives a learner's code may call with a tensor; under NCCL each takes CUDA tensors only
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
 
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def nccl_on_simulated_gpu() -> Iterator[Any]:
+    """This worker as one process of an NCCL job on a machine with one GPU, simulated (`course.simgpu`), yielding the
+    session: CUDA is available; a group asked for "nccl" is made with gloo (this process has no NCCL), and, as NCCL
+    does, the collectives of `torch.distributed` refuse a tensor that is not on the GPU."""
+    real_init, real_backend = dist.init_process_group, dist.get_backend
+    real = {name: getattr(dist, name) for name in _COLLECTIVES}
+    asked: list = []
+
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.pop("backend", backend))
+        return real_init("gloo" if asked[-1] in (None, "nccl") else asked[-1], *args, **kwargs)
+
+    def get_backend(group: Any = None) -> str:  # the group says what it stands for
+        got = real_backend(group)
+        return "nccl" if got == "gloo" and asked and asked[-1] in (None, "nccl") else got
+
+    def on_gpu_only(name: str, collective: Callable) -> Callable:
+        @functools.wraps(collective)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for arg in (*args, *kwargs.values()):
+                for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+                    if isinstance(t, torch.Tensor) and t.device.type != "cuda":
+                        raise RuntimeError(f"No backend type associated with device type {t.device.type}: "
+                                           f"dist.{name} of a tensor on {t.device} in an NCCL group (NCCL "
+                                           "communicates tensors on the GPU only)")
+            return collective(*args, **kwargs)
+        return call
+
+    with simulated_cuda("T4", replace_real=True) as sim:
+        try:
+            dist.init_process_group, dist.get_backend = init_process_group, get_backend
+            for name, collective in real.items():
+                setattr(dist, name, on_gpu_only(name, collective))
+            yield sim
+        finally:
+            dist.init_process_group, dist.get_backend = real_init, real_backend
+            for name, collective in real.items():
+                setattr(dist, name, collective)
 
 
 def init_alone(rank: int, init_distributed: Any) -> dict:
@@ -70,6 +118,14 @@ def mean_pair(rank: int, all_reduce_mean: Any) -> dict:
     seen["integer"] = all_reduce_mean(torch.tensor(rank + 5))  # 5 and 6
     seen["graph"] = all_reduce_mean(torch.tensor(1.0 + rank, requires_grad=True) * 1.0)  # 1 and 2
     seen["large"] = all_reduce_mean(1e8 + 1 + rank)  # 100000001 and 100000002: float32 holds neither
+    with nccl_on_simulated_gpu():  # the same group, now with NCCL's rule: tensors on the GPU only
+        on_gpu = torch.tensor(3.0 + rank, device="cuda")  # 3 and 4
+        for key, args, kwargs in (("gpu", (on_gpu,), {}), ("to gpu", (torch.tensor(2.0 * rank),), {"device": "cuda"})):
+            try:
+                seen[key] = all_reduce_mean(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - reported by the check
+                seen[key] = _error(exc)
+        seen["gpu after"] = on_gpu.item()
     return seen
 
 

@@ -1,4 +1,5 @@
-"""The visible checks of 08-distributed: one `check_<name>(<name>)` per graded function, on real 2-process gloo jobs.
+"""The visible checks of 08-distributed: one `check_<name>(<name>)` per graded function, on real 2-process gloo jobs
+(some of them on one simulated GPU per process, with NCCL's rule that collectives take GPU tensors only).
 
 Introduced in 08-distributed. Each check runs the learner's function in the notebook's shared worker processes
 (`course.distributed.ranks(2)`; the jobs are in `course.checks._distributed_jobs`) or in this process, and fails with
@@ -167,7 +168,7 @@ def check_predict_all_reduce(predict_all_reduce: Any) -> None:
 
 def check_all_reduce_mean(all_reduce_mean: Any) -> None:
     """float(value) without a group; in a 2-process group the mean, as a float, of numbers and tensors of every kind,
-    leaving the caller's tensor unchanged."""
+    leaving the caller's tensor unchanged, also on a (simulated) GPU under NCCL's rule (GPU tensors only)."""
     __tracebackhide__ = True
     _fresh_kernel()
     hint = "when dist.is_initialized() is False there is nothing to average over: return float(value)"
@@ -193,6 +194,15 @@ def check_all_reduce_mean(all_reduce_mean: Any) -> None:
                      "numbers become 100000000 in it")
         expect_close(seen["after"], 4.0 * (r.rank + 1), f"the caller's tensor after all_reduce_mean, on rank {r.rank}",
                      hint="all_reduce works in place: reduce a new tensor, never the caller's")
+        for key, expected, what in (("gpu", 3.5, "of the tensors 3.0 and 4.0 on the GPU"),
+                                    ("to gpu", 1.0, "of the CPU tensors 0.0 and 2.0 with device='cuda'")):
+            what = f"in an NCCL group on a (simulated) GPU, the mean {what}, on rank {r.rank}"
+            check(not isinstance(seen[key], str), f"{what} raised {seen[key]}", "reduce on device when it is given, "
+                  "else on the value's own device: NCCL communicates tensors on the GPU only")
+            expect_type(seen[key], float, what, "return a Python float")
+            expect_close(seen[key], expected, what, hint="all_reduce sums over the ranks: divide by the world size")
+        expect_close(seen["gpu after"], 3.0 + r.rank, f"the caller's tensor on the GPU after all_reduce_mean, on rank "
+                     f"{r.rank}", hint="all_reduce works in place: reduce a new tensor, never the caller's")
     passed("all_reduce_mean returns float(value) alone, and in a group the mean over the ranks as a float, without "
            "touching the caller's tensor")
 

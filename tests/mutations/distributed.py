@@ -44,6 +44,8 @@ _TOTAL = "            total, batches = torch.zeros((), device=device), 0  # the 
 _ADD_LOSS = ("                total += loss.detach()  # no .item() here: on a GPU it would wait for the GPU at every "
              "step\n                batches += 1\n")
 _FINALLY = (_RETURN, f"        return {_RESULT}\n    finally:\n        pass")
+_MEAN_TENSOR = ("    if isinstance(value, torch.Tensor):\n        device = value.device if device is None else device\n"
+                "        value = value.detach().item()\n")
 
 VARIANTS = [
     # ---- init_distributed ---------------------------------------------------------------------------------------
@@ -124,6 +126,22 @@ VARIANTS = [
             _mean(("total = torch.tensor(float(value), dtype=torch.float64,",
                    "total = torch.as_tensor(float(value), dtype=torch.float64,")),
             "as_tensor of a Python float makes a new tensor too"),
+    Variant("all_reduce_mean", "reduces_on_the_cpu", True, _mean(('device=device or "cpu")', 'device="cpu")')),
+            "always reduces on the CPU: under NCCL the collective refuses a CPU tensor"),
+    Variant("all_reduce_mean", "ignores_the_device_argument", True,
+            _mean(("device = value.device if device is None else device", "device = value.device")),
+            "a tensor is reduced on its own device even when device= names another: a CPU loss under NCCL fails"),
+    Variant("all_reduce_mean", "device_from_getattr", False, _mean(
+        (_MEAN_TENSOR, '    if device is None:\n        device = getattr(value, "device", "cpu")\n'),
+        ('device=device or "cpu")', "device=device)")),
+        "the default device read with getattr (a number has none); float() reads a one-element tensor"),
+    Variant("all_reduce_mean", "copy_of_the_tensor", False, _mean((
+        _MEAN_TENSOR + '    total = torch.tensor(float(value), dtype=torch.float64, device=device or "cpu")',
+        "    if isinstance(value, torch.Tensor):  # a float64 copy on the device: the caller's tensor stays\n"
+        "        total = value.detach().to(value.device if device is None else device, torch.float64, copy=True)\n"
+        "    else:\n"
+        '        total = torch.tensor(float(value), dtype=torch.float64, device=device or "cpu")')),
+        "a tensor copied (detached, float64) to the device with .to(..., copy=True)"),
 
     # ---- shard_loader -------------------------------------------------------------------------------------------
     Variant("shard_loader", "sampler_without_rank", True,
