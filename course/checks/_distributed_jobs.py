@@ -21,11 +21,14 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from course.distributed import free_port
-from course.ledger import Ledger, entry_point
+from course.ledger import Ledger, call_through, entry_point
 from course.simgpu import simulated_cuda
 
 BAD_VALUES = (("RANK", "first"), ("WORLD_SIZE", "1.0"), ("LOCAL_RANK", ""))
 LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# torchrun's variables for a job of 2 machines with one GPU each (--nnodes=2 --nproc-per-node=1): RANK 0 and 1,
+# LOCAL_RANK 0 on both (added to the ones `Ranks.run` sets)
+ONE_GPU_EACH = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
 # the collectives a learner's code may call with a tensor; under NCCL each takes CUDA tensors only
 _COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
 
@@ -185,6 +188,19 @@ class Recording(Dataset):
         return self.x[i], self.y[i]
 
 
+@entry_point
+class Joining:
+    """`dist.init_process_group` that first notes LOCAL_RANK, as the environment holds it then, in `joined`, a sealed
+    log (`course.ledger`) that the job keeps a reference of its own to, as `Recording` does."""
+
+    def __init__(self, init_process_group: Callable, joined: Ledger) -> None:
+        self._init, self._joined = init_process_group, joined
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._joined.append(os.environ.get("LOCAL_RANK"))
+        return call_through(self._init, *args, **kwargs)
+
+
 def rank_folders(prefix: str) -> str:
     """A new temporary folder with an empty working folder per rank, rank0 and rank1: who wrote what shows."""
     folder = tempfile.mkdtemp(prefix=prefix)
@@ -193,13 +209,23 @@ def rank_folders(prefix: str) -> str:
     return folder
 
 
-def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None) -> tuple:
-    """train_ddp in its own folder (so that we see who wrote what) on a Recording dataset: (result, items read)."""
+def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None,
+              gpu: bool = False) -> tuple:
+    """train_ddp in its own folder (so that we see who wrote what) on a Recording dataset, on the CPU or, with `gpu`,
+    on a machine with one simulated GPU and NCCL (`nccl_on_simulated_gpu`): (result, items read, LOCAL_RANK in the
+    environment when the process group was initialised: the GPU that init_distributed picks)."""
     os.chdir(os.path.join(folder, f"rank{rank}"))
-    reads = Ledger()
+    reads, joined = Ledger(), Ledger()
     data = Recording(training_data(), reads, fail_after)
     epochs, batch_size, lr = args
-    return train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed), list(reads.entries())
+    with nccl_on_simulated_gpu() if gpu else contextlib.nullcontext():
+        real_init = dist.init_process_group
+        dist.init_process_group = Joining(real_init, joined)
+        try:
+            result = train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed)
+        finally:
+            dist.init_process_group = real_init
+    return result, list(reads.entries()), list(joined.entries())
 
 
 def shard_orders(size: int, world_size: int, epoch: int, seed: int, shuffle: bool = True) -> list[list[int]]:

@@ -303,7 +303,8 @@ def check_save_on_rank0(save_on_rank0: Any) -> None:
 
 
 def check_train_ddp(train_ddp: Any) -> None:
-    """train_ddp on 2 processes against one process taking the same steps; the order, the checkpoint, the group."""
+    """train_ddp on 2 processes against one process taking the same steps; the order, the checkpoint, the group; on 2
+    machines with one (simulated) GPU each, with a dataset that fails."""
     __tracebackhide__ = True
     _fresh_kernel()
     epochs, batch_size, lr, seed = 2, 10, 0.2, 5  # shards of 24: batches of 10, 10 and 4
@@ -313,7 +314,7 @@ def check_train_ddp(train_ddp: Any) -> None:
             "and destroy_process_group in a finally block")
     values = []
     for r in ranks(2).run(jobs.train_job, train_ddp, folder, (epochs, batch_size, lr), seed, None):
-        value, read = _ok(r, what, hint)
+        value, read, _ = _ok(r, what, hint)
         _result(value, r, what, epochs)
         for epoch in range(epochs):
             got, want = read[epoch * 24:(epoch + 1) * 24], jobs.shard_orders(48, 2, epoch, seed)[r.rank]
@@ -348,14 +349,20 @@ def check_train_ddp(train_ddp: Any) -> None:
     expect_close(values[0]["losses"], losses, f"{what}: the epoch losses", rel=1e-4, abs=1e-6,
                  hint="each epoch's loss is the mean of the rank's batch losses (the short last batch counts once, "
                       "like the others), averaged over the ranks with all_reduce_mean")
-    failing = ranks(2).run(jobs.train_job, train_ddp, jobs.rank_folders("train-ddp-fails-"), (2, 8, 0.1), 0, 12)
+    # The dataset fails on its 13th read, in the second batch: each rank is a machine with one (simulated) GPU
+    failing = ranks(2).run(jobs.train_job, train_ddp, jobs.rank_folders("train-ddp-fails-"), (2, 8, 0.1), 0, 12,
+                           True, env=jobs.ONE_GPU_EACH)
     for r in failing:
-        check(not r.ok and "disk read failed" in str(r.error), f"when the dataset raises, train_ddp on rank {r.rank} "
-              + ("returned" if r.ok else f"raised {r.error}"), "let the error propagate (no except that swallows it)")
+        check(r.ok or "disk read failed" in str(r.error), f"train_ddp on 2 machines with one (simulated) GPU each "
+              f"(NCCL): rank {r.rank} raised {r.error}", "on a GPU every tensor of the training lives on "
+              "init_distributed's device: the model, each batch, the running loss")
+        check(not r.ok, f"when the dataset raises, train_ddp on rank {r.rank} returned",
+              "let the error propagate (no except that swallows it)")
         check(not r.group_left_initialised, f"when training raised, rank {r.rank} left its process group initialised",
               "put the training in try: ... finally: dist.destroy_process_group()")
     passed("train_ddp learns on 2 processes what one process learns on the same batches, in a new order every epoch; "
-           "rank 0 alone saves the unwrapped model, and the group is destroyed, also when training raises")
+           "rank 0 alone saves the unwrapped model, and the group is destroyed, also when training on (simulated) "
+           "GPUs raises")
 
 
 def _result(value: Any, r: Any, what: str, epochs: int) -> None:

@@ -258,6 +258,16 @@ VARIANTS = [
                    (_ADD_LOSS, "                total += loss.item()\n                batches += 1\n")),
             "a float sum with .item() at every step: the same losses (on a GPU it waits for the GPU at every step, "
             "which the lesson warns against, but the result is right)"),
+    Variant("train_ddp", "running_loss_on_the_cpu", True,
+            _train(("torch.zeros((), device=device)", "torch.zeros(())")),
+            "the running loss on the CPU: on a GPU, adding the GPU's loss to it raises (different devices)"),
+    Variant("train_ddp", "local_rank_if_unset_and_listed_losses", False, _train(
+        ('    os.environ.setdefault("LOCAL_RANK", str(rank))\n',
+         '    if "LOCAL_RANK" not in os.environ:  # one machine\n        os.environ["LOCAL_RANK"] = str(rank)\n'),
+        (_TOTAL, "            step_losses = []\n"),
+        (_ADD_LOSS, "                step_losses.append(loss.detach())\n"),
+        ("all_reduce_mean(total / batches, device)", "all_reduce_mean(torch.stack(step_losses).mean(), device)")),
+        "LOCAL_RANK set only when missing, with an if; the step losses kept on the device in a list"),
     Variant("train_ddp", "optimizer_over_the_model", False,
             _train(("torch.optim.SGD(ddp.parameters(), lr=lr)", "torch.optim.SGD(model.parameters(), lr=lr)")),
             "DDP's parameters are the wrapped model's: the same tensors"),
