@@ -2,13 +2,17 @@
 
 Not taught in a lesson. The jobs take the learner's function as an argument (it travels by value, with the
 notebook's globals it uses) and return plain observations; `course.checks.distributed` decides from them. Module-level
-functions and classes here travel by reference, so the workers import this module.
+functions and classes here travel by reference, so the workers import this module. `nccl_on_simulated_gpu` makes a
+worker one process of an NCCL job with a GPU of its own, simulated, for the paths that only a GPU run takes.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -17,14 +21,61 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from course.distributed import free_port
-from course.ledger import Ledger, entry_point
+from course.ledger import Ledger, call_through, entry_point
+from course.simgpu import simulated_cuda
 
 BAD_VALUES = (("RANK", "first"), ("WORLD_SIZE", "1.0"), ("LOCAL_RANK", ""))
 LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# torchrun's variables for a job of 2 machines with one GPU each (--nnodes=2 --nproc-per-node=1): RANK 0 and 1,
+# LOCAL_RANK 0 on both (added to the ones `Ranks.run` sets)
+ONE_GPU_EACH = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+# the collectives a learner's code may call with a tensor; under NCCL each takes CUDA tensors only
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
 
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def nccl_on_simulated_gpu() -> Iterator[Any]:
+    """This worker as one process of an NCCL job on a machine with one GPU, simulated (`course.simgpu`), yielding the
+    session: CUDA is available; a group asked for "nccl" is made with gloo (this process has no NCCL), and, as NCCL
+    does, the collectives of `torch.distributed` refuse a tensor that is not on the GPU."""
+    real_init, real_backend = dist.init_process_group, dist.get_backend
+    real = {name: getattr(dist, name) for name in _COLLECTIVES}
+    asked: list = []
+
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.pop("backend", backend))
+        return real_init("gloo" if asked[-1] in (None, "nccl") else asked[-1], *args, **kwargs)
+
+    def get_backend(group: Any = None) -> str:  # the group says what it stands for
+        got = real_backend(group)
+        return "nccl" if got == "gloo" and asked and asked[-1] in (None, "nccl") else got
+
+    def on_gpu_only(name: str, collective: Callable) -> Callable:
+        @functools.wraps(collective)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for arg in (*args, *kwargs.values()):
+                for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+                    if isinstance(t, torch.Tensor) and t.device.type != "cuda":
+                        raise RuntimeError(f"No backend type associated with device type {t.device.type}: "
+                                           f"dist.{name} of a tensor on {t.device} in an NCCL group (NCCL "
+                                           "communicates tensors on the GPU only)")
+            return collective(*args, **kwargs)
+        return call
+
+    with simulated_cuda("T4", replace_real=True) as sim:
+        try:
+            dist.init_process_group, dist.get_backend = init_process_group, get_backend
+            for name, collective in real.items():
+                setattr(dist, name, on_gpu_only(name, collective))
+            yield sim
+        finally:
+            dist.init_process_group, dist.get_backend = real_init, real_backend
+            for name, collective in real.items():
+                setattr(dist, name, collective)
 
 
 def init_alone(rank: int, init_distributed: Any) -> dict:
@@ -70,6 +121,14 @@ def mean_pair(rank: int, all_reduce_mean: Any) -> dict:
     seen["integer"] = all_reduce_mean(torch.tensor(rank + 5))  # 5 and 6
     seen["graph"] = all_reduce_mean(torch.tensor(1.0 + rank, requires_grad=True) * 1.0)  # 1 and 2
     seen["large"] = all_reduce_mean(1e8 + 1 + rank)  # 100000001 and 100000002: float32 holds neither
+    with nccl_on_simulated_gpu():  # the same group, now with NCCL's rule: tensors on the GPU only
+        on_gpu = torch.tensor(3.0 + rank, device="cuda")  # 3 and 4
+        for key, args, kwargs in (("gpu", (on_gpu,), {}), ("to gpu", (torch.tensor(2.0 * rank),), {"device": "cuda"})):
+            try:
+                seen[key] = all_reduce_mean(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - reported by the check
+                seen[key] = _error(exc)
+        seen["gpu after"] = on_gpu.item()
     return seen
 
 
@@ -129,6 +188,19 @@ class Recording(Dataset):
         return self.x[i], self.y[i]
 
 
+@entry_point
+class Joining:
+    """`dist.init_process_group` that first notes LOCAL_RANK, as the environment holds it then, in `joined`, a sealed
+    log (`course.ledger`) that the job keeps a reference of its own to, as `Recording` does."""
+
+    def __init__(self, init_process_group: Callable, joined: Ledger) -> None:
+        self._init, self._joined = init_process_group, joined
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._joined.append(os.environ.get("LOCAL_RANK"))
+        return call_through(self._init, *args, **kwargs)
+
+
 def rank_folders(prefix: str) -> str:
     """A new temporary folder with an empty working folder per rank, rank0 and rank1: who wrote what shows."""
     folder = tempfile.mkdtemp(prefix=prefix)
@@ -137,13 +209,23 @@ def rank_folders(prefix: str) -> str:
     return folder
 
 
-def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None) -> tuple:
-    """train_ddp in its own folder (so that we see who wrote what) on a Recording dataset: (result, items read)."""
+def train_job(rank: int, train_ddp: Any, folder: str, args: tuple, seed: int, fail_after: int | None,
+              gpu: bool = False) -> tuple:
+    """train_ddp in its own folder (so that we see who wrote what) on a Recording dataset, on the CPU or, with `gpu`,
+    on a machine with one simulated GPU and NCCL (`nccl_on_simulated_gpu`): (result, items read, LOCAL_RANK in the
+    environment when the process group was initialised: the GPU that init_distributed picks)."""
     os.chdir(os.path.join(folder, f"rank{rank}"))
-    reads = Ledger()
+    reads, joined = Ledger(), Ledger()
     data = Recording(training_data(), reads, fail_after)
     epochs, batch_size, lr = args
-    return train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed), list(reads.entries())
+    with nccl_on_simulated_gpu() if gpu else contextlib.nullcontext():
+        real_init = dist.init_process_group
+        dist.init_process_group = Joining(real_init, joined)
+        try:
+            result = train_ddp(rank, 2, make_model, data, epochs, batch_size, lr, seed=seed)
+        finally:
+            dist.init_process_group = real_init
+    return result, list(reads.entries()), list(joined.entries())
 
 
 def shard_orders(size: int, world_size: int, epoch: int, seed: int, shuffle: bool = True) -> list[list[int]]:

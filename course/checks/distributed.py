@@ -1,4 +1,5 @@
-"""The visible checks of 08-distributed: one `check_<name>(<name>)` per graded function, on real 2-process gloo jobs.
+"""The visible checks of 08-distributed: one `check_<name>(<name>)` per graded function, on real 2-process gloo jobs
+(some of them on one simulated GPU per process, with NCCL's rule that collectives take GPU tensors only).
 
 Introduced in 08-distributed. Each check runs the learner's function in the notebook's shared worker processes
 (`course.distributed.ranks(2)`; the jobs are in `course.checks._distributed_jobs`) or in this process, and fails with
@@ -45,7 +46,8 @@ def _ok(result: Any, what: str, hint: str) -> Any:
 
 
 def check_init_distributed(init_distributed: Any) -> None:
-    """A process alone (twice, and with malformed variables), a 2-process gloo job, and a simulated CUDA machine."""
+    """A process alone (twice, and with malformed variables), a 2-process gloo job, and a simulated CUDA machine
+    (launched, and alone)."""
     __tracebackhide__ = True
     _fresh_kernel()
     hint = ("without CUDA the backend is 'gloo'; the defaults are 0, 1 and 0; pass rank= and world_size= to "
@@ -79,45 +81,57 @@ def check_init_distributed(init_distributed: Any) -> None:
                      "return (int(RANK), int(WORLD_SIZE), device) as the launcher set them")
         expect_equal(value[1:], ("gloo", 2, 3.0), f"(backend, group size, all-reduced 1 + 2) on rank {r.rank}",
                      "join with dist.init_process_group(backend, rank=rank, world_size=world_size)")
-    backends, current, results = _on_simulated_cuda(init_distributed)
-    for given, got in zip((None, "gloo"), results, strict=True):
-        call = f"init_distributed({'' if given is None else repr(given)}) on a (simulated) CUDA machine"
+    launched = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
+    for variables, args, got, backends, current in _on_simulated_cuda(init_distributed, (
+            (launched, ()), (launched, ("gloo",)), ({}, ()))):
+        call = f"init_distributed({', '.join(map(repr, args))}) on a (simulated) CUDA machine " + (
+            f"with {', '.join(f'{name}={value}' for name, value in variables.items())}" if variables else
+            "without RANK, WORLD_SIZE and LOCAL_RANK")
+        local = int(variables.get("LOCAL_RANK", 0))
         check(not isinstance(got, BaseException), f"{call} raised {type(got).__name__}: {got}",
               "on CUDA: torch.cuda.set_device(local_rank) and torch.device('cuda', local_rank)")
-        expect_equal(got, (5, 8, torch.device("cuda", 1)), f"{call} with RANK=5, WORLD_SIZE=8, LOCAL_RANK=1",
-                     "the device is torch.device('cuda', LOCAL_RANK): LOCAL_RANK picks the GPU of this machine")
-    expect_equal(backends, ["nccl", "gloo"], "the backends chosen on a CUDA machine: without an argument, then with "
-                 "backend='gloo'", "'nccl' when torch.cuda.is_available() and no backend is given; else the argument")
-    check(len(current) >= 1 and all(d in (1, "cuda:1", torch.device("cuda", 1)) for d in current),
-          f"on a CUDA machine with LOCAL_RANK=1, torch.cuda.set_device was called with {current}",
-          "call torch.cuda.set_device(local_rank): without it every process of a machine works on GPU 0")
+        expect_equal(got, (int(variables.get("RANK", 0)), int(variables.get("WORLD_SIZE", 1)),
+                           torch.device("cuda", local)), call, "the device is torch.device('cuda', LOCAL_RANK): "
+                     "LOCAL_RANK picks the GPU of this machine (0 without a launcher)")
+        expect_equal(backends, [args[0] if args else "nccl"], f"the backend that {call} joined with",
+                     "'nccl' when torch.cuda.is_available() and no backend is given; else the argument")
+        check(len(current) >= 1 and all(d in (local, f"cuda:{local}", torch.device("cuda", local)) for d in current),
+              f"{call}: torch.cuda.set_device was called with {current}", "call torch.cuda.set_device(local_rank): "
+              "without it every process of a machine works on GPU 0")
     passed("init_distributed joins a single process and a 2-process gloo job, names a malformed variable, and picks "
            "NCCL and cuda:LOCAL_RANK on a GPU machine")
 
 
-def _on_simulated_cuda(init_distributed: Any) -> tuple[list, list, list]:
-    """init_distributed() and init_distributed("gloo") with a simulated GPU, joining nothing: the backends passed to
-    init_process_group, the devices made current, and the two results (or errors)."""
+def _on_simulated_cuda(init_distributed: Any, calls: tuple) -> list[tuple]:
+    """init_distributed(*args) with a simulated GPU and the given launcher variables (none else), joining nothing,
+    for each (variables, args) of `calls`: (variables, args, the result or error, the backends passed to
+    init_process_group, the devices made current)."""
+    saved = {name: os.environ.get(name) for name in (*jobs.LAUNCH, "MASTER_ADDR", "MASTER_PORT")}
+    real_init, seen = dist.init_process_group, []
     backends: list = []
     current: list = []
 
-    def recorded(backend: Any = None, *args: Any, **kwargs: Any) -> None:
-        backends.append(kwargs.get("backend", backend))
+    def recorded(backend: Any = None, *args: Any, **kwargs: Any) -> None:  # instead of joining a real group
+        backends.append(backend)
 
-    saved = {name: os.environ.get(name) for name in (*jobs.LAUNCH, "MASTER_ADDR", "MASTER_PORT")}
-    real_init, results = dist.init_process_group, []
+    def made_current(device: Any) -> None:
+        current.append(device)
+
     try:
         with simulated_cuda("T4", replace_real=True):
             real_set_device = torch.cuda.set_device
             try:
-                dist.init_process_group, torch.cuda.set_device = recorded, current.append
-                os.environ.update(RANK="5", WORLD_SIZE="8", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(free_port()))
-                for args in ((), ("gloo",)):
+                dist.init_process_group, torch.cuda.set_device = recorded, made_current
+                for variables, args in calls:
+                    backends, current = [], []
+                    for name in jobs.LAUNCH:
+                        os.environ.pop(name, None)
+                    os.environ.update(variables, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
                     try:
-                        results.append(init_distributed(*args))
+                        got = init_distributed(*args)
                     except Exception as exc:  # noqa: BLE001 - reported by the caller
-                        results.append(exc)
+                        got = exc
+                    seen.append((variables, args, got, backends, current))
             finally:
                 dist.init_process_group, torch.cuda.set_device = real_init, real_set_device
     finally:
@@ -128,7 +142,7 @@ def _on_simulated_cuda(init_distributed: Any) -> tuple[list, list, list]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return backends, current, results
+    return seen
 
 
 def check_predict_all_reduce(predict_all_reduce: Any) -> None:
@@ -155,7 +169,7 @@ def check_predict_all_reduce(predict_all_reduce: Any) -> None:
 
 def check_all_reduce_mean(all_reduce_mean: Any) -> None:
     """float(value) without a group; in a 2-process group the mean, as a float, of numbers and tensors of every kind,
-    leaving the caller's tensor unchanged."""
+    leaving the caller's tensor unchanged, also on a (simulated) GPU under NCCL's rule (GPU tensors only)."""
     __tracebackhide__ = True
     _fresh_kernel()
     hint = "when dist.is_initialized() is False there is nothing to average over: return float(value)"
@@ -181,6 +195,15 @@ def check_all_reduce_mean(all_reduce_mean: Any) -> None:
                      "numbers become 100000000 in it")
         expect_close(seen["after"], 4.0 * (r.rank + 1), f"the caller's tensor after all_reduce_mean, on rank {r.rank}",
                      hint="all_reduce works in place: reduce a new tensor, never the caller's")
+        for key, expected, what in (("gpu", 3.5, "of the tensors 3.0 and 4.0 on the GPU"),
+                                    ("to gpu", 1.0, "of the CPU tensors 0.0 and 2.0 with device='cuda'")):
+            what = f"in an NCCL group on a (simulated) GPU, the mean {what}, on rank {r.rank}"
+            check(not isinstance(seen[key], str), f"{what} raised {seen[key]}", "reduce on device when it is given, "
+                  "else on the value's own device: NCCL communicates tensors on the GPU only")
+            expect_type(seen[key], float, what, "return a Python float")
+            expect_close(seen[key], expected, what, hint="all_reduce sums over the ranks: divide by the world size")
+        expect_close(seen["gpu after"], 3.0 + r.rank, f"the caller's tensor on the GPU after all_reduce_mean, on rank "
+                     f"{r.rank}", hint="all_reduce works in place: reduce a new tensor, never the caller's")
     passed("all_reduce_mean returns float(value) alone, and in a group the mean over the ranks as a float, without "
            "touching the caller's tensor")
 
@@ -281,7 +304,8 @@ def check_save_on_rank0(save_on_rank0: Any) -> None:
 
 
 def check_train_ddp(train_ddp: Any) -> None:
-    """train_ddp on 2 processes against one process taking the same steps; the order, the checkpoint, the group."""
+    """train_ddp on 2 processes against one process taking the same steps; the order, the checkpoint, the group; on 2
+    machines with one (simulated) GPU each, with a dataset that fails."""
     __tracebackhide__ = True
     _fresh_kernel()
     epochs, batch_size, lr, seed = 2, 10, 0.2, 5  # shards of 24: batches of 10, 10 and 4
@@ -291,7 +315,7 @@ def check_train_ddp(train_ddp: Any) -> None:
             "and destroy_process_group in a finally block")
     values = []
     for r in ranks(2).run(jobs.train_job, train_ddp, folder, (epochs, batch_size, lr), seed, None):
-        value, read = _ok(r, what, hint)
+        value, read, _ = _ok(r, what, hint)
         _result(value, r, what, epochs)
         for epoch in range(epochs):
             got, want = read[epoch * 24:(epoch + 1) * 24], jobs.shard_orders(48, 2, epoch, seed)[r.rank]
@@ -326,14 +350,20 @@ def check_train_ddp(train_ddp: Any) -> None:
     expect_close(values[0]["losses"], losses, f"{what}: the epoch losses", rel=1e-4, abs=1e-6,
                  hint="each epoch's loss is the mean of the rank's batch losses (the short last batch counts once, "
                       "like the others), averaged over the ranks with all_reduce_mean")
-    failing = ranks(2).run(jobs.train_job, train_ddp, jobs.rank_folders("train-ddp-fails-"), (2, 8, 0.1), 0, 12)
+    # The dataset fails on its 13th read, in the second batch: each rank is a machine with one (simulated) GPU
+    failing = ranks(2).run(jobs.train_job, train_ddp, jobs.rank_folders("train-ddp-fails-"), (2, 8, 0.1), 0, 12,
+                           True, env=jobs.ONE_GPU_EACH)
     for r in failing:
-        check(not r.ok and "disk read failed" in str(r.error), f"when the dataset raises, train_ddp on rank {r.rank} "
-              + ("returned" if r.ok else f"raised {r.error}"), "let the error propagate (no except that swallows it)")
+        what = f"train_ddp on 2 machines with one (simulated) GPU each, its dataset failing at read 13: rank {r.rank}"
+        check(not r.ok, f"{what} returned", "let the error propagate (no except that swallows it)")
+        check("disk read failed" in str(r.error), f"{what} raised {r.error}", "on a GPU every tensor of the training "
+              "lives on init_distributed's device: the model, each batch, the running loss" if "device" in str(r.error)
+              else "let the dataset's error propagate (no except that swallows it or raises another)")
         check(not r.group_left_initialised, f"when training raised, rank {r.rank} left its process group initialised",
               "put the training in try: ... finally: dist.destroy_process_group()")
     passed("train_ddp learns on 2 processes what one process learns on the same batches, in a new order every epoch; "
-           "rank 0 alone saves the unwrapped model, and the group is destroyed, also when training raises")
+           "rank 0 alone saves the unwrapped model, and the group is destroyed, also when training on (simulated) "
+           "GPUs raises")
 
 
 def _result(value: Any, r: Any, what: str, epochs: int) -> None:

@@ -44,6 +44,8 @@ _TOTAL = "            total, batches = torch.zeros((), device=device), 0  # the 
 _ADD_LOSS = ("                total += loss.detach()  # no .item() here: on a GPU it would wait for the GPU at every "
              "step\n                batches += 1\n")
 _FINALLY = (_RETURN, f"        return {_RESULT}\n    finally:\n        pass")
+_MEAN_TENSOR = ("    if isinstance(value, torch.Tensor):\n        device = value.device if device is None else device\n"
+                "        value = value.detach().item()\n")
 
 VARIANTS = [
     # ---- init_distributed ---------------------------------------------------------------------------------------
@@ -124,6 +126,22 @@ VARIANTS = [
             _mean(("total = torch.tensor(float(value), dtype=torch.float64,",
                    "total = torch.as_tensor(float(value), dtype=torch.float64,")),
             "as_tensor of a Python float makes a new tensor too"),
+    Variant("all_reduce_mean", "reduces_on_the_cpu", True, _mean(('device=device or "cpu")', 'device="cpu")')),
+            "always reduces on the CPU: under NCCL the collective refuses a CPU tensor"),
+    Variant("all_reduce_mean", "ignores_the_device_argument", True,
+            _mean(("device = value.device if device is None else device", "device = value.device")),
+            "a tensor is reduced on its own device even when device= names another: a CPU loss under NCCL fails"),
+    Variant("all_reduce_mean", "device_from_getattr", False, _mean(
+        (_MEAN_TENSOR, '    if device is None:\n        device = getattr(value, "device", "cpu")\n'),
+        ('device=device or "cpu")', "device=device)")),
+        "the default device read with getattr (a number has none); float() reads a one-element tensor"),
+    Variant("all_reduce_mean", "copy_of_the_tensor", False, _mean((
+        _MEAN_TENSOR + '    total = torch.tensor(float(value), dtype=torch.float64, device=device or "cpu")',
+        "    if isinstance(value, torch.Tensor):  # a float64 copy on the device: the caller's tensor stays\n"
+        "        total = value.detach().to(value.device if device is None else device, torch.float64, copy=True)\n"
+        "    else:\n"
+        '        total = torch.tensor(float(value), dtype=torch.float64, device=device or "cpu")')),
+        "a tensor copied (detached, float64) to the device with .to(..., copy=True)"),
 
     # ---- shard_loader -------------------------------------------------------------------------------------------
     Variant("shard_loader", "sampler_without_rank", True,
@@ -240,6 +258,16 @@ VARIANTS = [
                    (_ADD_LOSS, "                total += loss.item()\n                batches += 1\n")),
             "a float sum with .item() at every step: the same losses (on a GPU it waits for the GPU at every step, "
             "which the lesson warns against, but the result is right)"),
+    Variant("train_ddp", "running_loss_on_the_cpu", True,
+            _train(("torch.zeros((), device=device)", "torch.zeros(())")),
+            "the running loss on the CPU: on a GPU, adding the GPU's loss to it raises (different devices)"),
+    Variant("train_ddp", "local_rank_if_unset_and_listed_losses", False, _train(
+        ('    os.environ.setdefault("LOCAL_RANK", str(rank))\n',
+         '    if "LOCAL_RANK" not in os.environ:  # one machine\n        os.environ["LOCAL_RANK"] = str(rank)\n'),
+        (_TOTAL, "            step_losses = []\n"),
+        (_ADD_LOSS, "                step_losses.append(loss.detach())\n"),
+        ("all_reduce_mean(total / batches, device)", "all_reduce_mean(torch.stack(step_losses).mean(), device)")),
+        "LOCAL_RANK set only when missing, with an if; the step losses kept on the device in a list"),
     Variant("train_ddp", "optimizer_over_the_model", False,
             _train(("torch.optim.SGD(ddp.parameters(), lr=lr)", "torch.optim.SGD(model.parameters(), lr=lr)")),
             "DDP's parameters are the wrapped model's: the same tensors"),
