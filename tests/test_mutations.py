@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from course.checks.contract import CASES, FORMS
+from course.checks.contract import CASES, FORMS, PROPERTIES
 from grader import nbtools
 from tests.harness import CASE, blind_notebook, graded_functions, load_catalogue, run_function_tests, visible_notebook
 from tests.mutants import EQUIVALENT, all_mutants
+from tests.mutations import BREAKS
 
 CATALOGUES = sorted((Path(__file__).parent / "mutations").glob("[!_]*.py"))
 RESULTS = "mutation-results"  # the user property: [(topic, "function/variant", wrong, caught, caught visibly)]
@@ -123,6 +124,17 @@ def _untried_forms(function: str, calls: list[tuple[str, str, str]]) -> list[str
     return missing
 
 
+def test_every_documented_property_is_broken_by_a_caught_mistake():
+    """Every property of course.checks.contract.PROPERTIES has a catalogued wrong variant that breaks it (BREAKS), and
+    no other: the catalogue test then makes the visible checks and the hidden tests each catch that variant."""
+    wrong = {(v.function, v.name) for c in CATALOGUES for v in load_catalogue(c) if v.wrong}
+    assert {f: set(p) for f, p in BREAKS.items()} == {f: set(p) for f, p in PROPERTIES.items()}, \
+        "tests/mutations/__init__.py's BREAKS and course.checks.contract.PROPERTIES name different properties"
+    missing = [f"{f}: {p} -> {name}" for f, props in BREAKS.items() for p, name in props.items()
+               if (f, name) not in wrong]
+    assert not missing, f"no wrong variant of that name in the catalogue: {missing}"
+
+
 def test_the_contract_names_real_parameters():
     """Every function and parameter of course.checks.contract.FORMS is a graded function's, in its signature."""
     signatures = {}
@@ -137,6 +149,8 @@ def test_the_contract_names_real_parameters():
         assert function in signatures, f"FORMS names {function}, which is no graded function"
         assert set(params) <= signatures[function], (function, set(params) - signatures[function])
     assert set(CASES) <= set(signatures), f"CASES names what is no graded function: {set(CASES) - set(signatures)}"
+    graded = {f for c in CATALOGUES for f in graded_functions(nbtools.read(_notebook(c.stem)))}
+    assert set(PROPERTIES) <= graded, set(PROPERTIES) - graded
 
 
 def test_machine_made_mutants_change_only_the_answer_and_cover_every_function():

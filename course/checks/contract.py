@@ -9,6 +9,8 @@ promises, as `form()` names a value; tests/test_mutations.py records every call 
 hidden tests make to the solution and fails when either leaves a promised form untried. A check that wants to try
 each form reads them here (`examples`). `CASES` does the same for edge cases (an uneven split, an empty loader, a
 frozen parameter, drop_last): each is a test of one call's arguments, and each half must make a call that is one.
+`PROPERTIES` names the documented properties of each result and of the state left behind; a catalogued mistake that
+breaks each one shows that both halves check it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CASES", "FORMS", "cases", "examples", "form"]
+__all__ = ["CASES", "FORMS", "PROPERTIES", "cases", "examples", "form"]
 
 # a device, as the docstrings spell the CUDA forms: the type alone, with an index, and torch.device with an index
 CUDA = ("'cuda'", "'cuda:N'", "torch.device(cuda:N)")
@@ -152,6 +154,68 @@ CASES: dict[str, dict[str, Case]] = {
         e.get("cat") == "kernel" for e in _events(a["trace"]))},
     "diagnose": {"a breakdown without GPU activity (ValueError)": lambda a: isinstance(a["breakdown"], dict)
                  and a["breakdown"].get("gpu_ms") == 0},
+}
+
+
+# The documented properties of each graded function's result and of the state it leaves: its docstring's promises,
+# one line each. tests/mutations/__init__.py names, for every one, the catalogued mistake that breaks it, which the
+# visible checks and the hidden tests must each catch (tests/test_mutations.py).
+PROPERTIES: dict[str, dict[str, str]] = {
+    "pick_device": {"device": "returns a torch.device, never a string",
+                    "no fallback": "a preference that cannot be honoured raises RuntimeError",
+                    "message": "the error names the device asked for and lists the available ones"},
+    "describe_device": {"capability": "capability is a tuple of two ints on CUDA", "gib": "memory in GiB (2**30)",
+                        "bf16": "bf16_native is a bool", "off cuda": "capability and memory are None off CUDA"},
+    "smoke_test": {"shape": "output_shape is a tuple of ints", "device": "param_device names the index",
+                   "finite": "finite is a Python bool", "autograd": "autograd is as it was afterwards",
+                   "once": "exactly one forward pass"},
+    "make_loader": {"persistent": "persistent_workers exactly when there are workers",
+                    "pin": "pin_memory exactly for a CUDA device"},
+    "to_device": {"input": "the input is not modified", "structure": "a tuple stays a tuple, a list a list",
+                  "leaves": "non-tensors come back as they are"},
+    "copy_to_host": {"tensor": "a torch.Tensor, not a NumPy array", "kept": "a later call leaves earlier results",
+                     "safe": "safe to read as soon as it returns"},
+    "time_gpu": {"median": "the median of the timed calls", "ms": "in milliseconds",
+                 "refused": "ValueError for iters < 1 before calling fn"},
+    "measure_throughput": {"autograd": "autograd is as it was afterwards", "samples": "samples, not batches, per s",
+                           "empty": "ValueError for a loader with no batch"},
+    "train_throughput": {"refused": "ValueError for iters < 1 or warmup < 0", "freed": "gradients freed between steps",
+                         "empty": "ValueError for a loader with no batch"},
+    "amp_dtype": {"device alone": "the dtype depends on the given device alone"},
+    "make_scaler": {"new": "a new GradScaler on every call", "settings": "GradScaler's documented settings",
+                    "enabled": "enabled exactly for float16", "torch.amp": "not the deprecated torch.cuda.amp"},
+    "amp_train_step": {"float": "returns the loss as a Python float",
+                       "unscaled": "the loss as the forward pass made it",
+                       "settings": "torch's global settings as they were", "fp32 weights": "the weights stay fp32"},
+    "set_seed": {"none": "returns None", "nothing else": "changes no other global setting"},
+    "train_and_evaluate": {"percent": "accuracy in percent", "float": "a Python float",
+                           "refused": "ValueError for a precision that is not one of the names"},
+    "parity_verdict": {"new dict": "a new dict on every call", "edge": "a difference of exactly tolerance is parity"},
+    "all_finite": {"bool": "a Python bool", "looks only": "the model is left as it is"},
+    "compile_report": {"seconds": "compile_s in seconds", "ms": "per-call times in milliseconds",
+                       "largest": "max_abs_diff is the largest difference", "inference": "no autograd in any call",
+                       "autograd": "autograd as it was afterwards", "floats": "a dict of floats"},
+    "safe_compile": {"untouched": "the model is never compiled in place", "why": "the warning says why"},
+    "fit": {"per sample": "train_loss is the mean loss per training sample", "percent": "val_accuracy in percent",
+            "per epoch": "one entry per epoch", "floats": "the losses are floats"},
+    "training_memory": {"model": "the model is left as it was", "buffers": "buffers are not weights",
+                        "shared": "a shared parameter counts once"},
+    "peak_memory": {"inside": "the peak inside fn, not an earlier one", "left": "the statistics left at fn's peak"},
+    "find_max_batch": {"other errors": "other errors reach the caller", "freed": "nothing left reserved"},
+    "accumulation_step": {"per sample": "the mean loss per sample", "one step": "one optimizer step",
+                          "string device": "a device given as a string"},
+    "CheckpointedMLP": {"saved": "in training only each block's input is kept"},
+    "init_distributed": {"names": "a malformed variable is named", "once": "joins the group once"},
+    "all_reduce_mean": {"float": "a Python float", "unchanged": "the caller's value is left unchanged",
+                        "alone": "float(value) without a group", "exact": "exact for large numbers"},
+    "shard_loader": {"in process": "batches are loaded in this process", "sampler": "loader.sampler is the sampler"},
+    "save_on_rank0": {"bool": "returns True or False", "complete": "no rank returns before the file is complete"},
+    "train_ddp": {"no group": "no group is left behind", "same": "the same losses on every rank"},
+    "profile_steps": {"profiler": "returns the profiler", "lean": "without shapes, memory or stacks"},
+    "time_breakdown": {"ms": "times in ms", "path": "a dict or a path"},
+    "diagnose": {"refused": "ValueError without GPU activity", "percent": "the busy share as a whole percentage"},
+    "step_mfu": {"int": "flops as an int", "fraction": "mfu as a fraction", "grads": "every .grad left None",
+                 "no step": "no optimizer step", "message": "the ValueError names both"},
 }
 
 

@@ -50,3 +50,56 @@ def changed(notebook: str, function: str, *changes: tuple[str, str]) -> str:
                              f"update the catalogue")
         source = source.replace(old, new)
     return source
+
+
+# For every documented property of course.checks.contract.PROPERTIES, the catalogued mistake that breaks it (its
+# variant's name in tests/mutations/<topic>.py): the catalogue test makes the visible checks and the hidden tests each
+# catch it, so each property is checked by both halves.
+BREAKS: dict[str, dict[str, str]] = {
+    "pick_device": {"device": "device_names_as_strings", "no fallback": "silent_cpu_fallback",
+                    "message": "message_names_only_the_request"},
+    "describe_device": {"capability": "capability_list", "gib": "gigabytes", "bf16": "bf16_as_int",
+                        "off cuda": "memory_off_cuda"},
+    "smoke_test": {"shape": "shape_as_list", "device": "device_type_only", "finite": "finite_tensor",
+                   "autograd": "grad_off_for_good", "once": "runs_twice"},
+    "make_loader": {"persistent": "always_persistent", "pin": "pin_always"},
+    "to_device": {"input": "mutates_input", "structure": "tuples_become_lists", "leaves": "strings_as_sequences"},
+    "copy_to_host": {"tensor": "numpy", "kept": "one_buffer_per_shape", "safe": "no_sync"},
+    "time_gpu": {"median": "mean_not_median", "ms": "seconds_not_ms", "refused": "no_argument_check"},
+    "measure_throughput": {"autograd": "grad_mode_left_off", "samples": "counts_batches",
+                           "empty": "spins_on_an_empty_loader"},
+    "train_throughput": {"refused": "no_argument_check", "freed": "zero_grad_to_zeros",
+                         "empty": "spins_on_an_empty_loader"},
+    "amp_dtype": {"device alone": "asks_cuda_not_device"},
+    "make_scaler": {"new": "cached_scaler", "settings": "growth_interval_short", "enabled": "always_enabled",
+                    "torch.amp": "deprecated_cuda_amp"},
+    "amp_train_step": {"float": "returns_tensor", "unscaled": "returns_scaled_loss", "settings": "grad_mode_left_off",
+                       "fp32 weights": "model_cast_to_dtype"},
+    "set_seed": {"none": "returns_the_seed", "nothing else": "turns_on_determinism"},
+    "train_and_evaluate": {"percent": "fraction", "float": "returns_tensor", "refused": "unknown_precision_is_fp32"},
+    "parity_verdict": {"new dict": "shared_result_dict", "edge": "strict_less"},
+    "all_finite": {"bool": "returns_tensor", "looks only": "zeroes_bad_gradients"},
+    "compile_report": {"seconds": "compile_time_in_ms", "ms": "per_call_in_microseconds", "largest": "mean_abs_diff",
+                       "inference": "autograd_on", "autograd": "grad_off_globally", "floats": "diff_as_tensor"},
+    "safe_compile": {"untouched": "in_place_compile", "why": "warning_without_reason"},
+    "fit": {"per sample": "loss_mean_of_batch_means", "percent": "accuracy_as_fraction", "per epoch": "last_epoch_only",
+            "floats": "loss_as_tensor"},
+    "training_memory": {"model": "converts_the_model", "buffers": "counts_buffers_as_weights",
+                        "shared": "counts_each_use_of_a_shared_layer"},
+    "peak_memory": {"inside": "no_reset", "left": "reset_after_fn"},
+    "find_max_batch": {"other errors": "catches_every_exception", "freed": "no_empty_cache"},
+    "accumulation_step": {"per sample": "returns_the_mean_of_micro_batch_means", "one step": "steps_every_micro_batch",
+                          "string device": "device_string_not_converted"},
+    "CheckpointedMLP": {"saved": "never_checkpoints"},
+    "init_distributed": {"names": "python_error_message", "once": "initialises_twice"},
+    "all_reduce_mean": {"float": "returns_a_tensor", "unchanged": "reduces_the_callers_tensor",
+                        "alone": "needs_a_group", "exact": "reduces_in_float32"},
+    "shard_loader": {"in process": "worker_processes", "sampler": "loader_shuffles_no_sampler"},
+    "save_on_rank0": {"bool": "returns_an_int", "complete": "no_barrier"},
+    "train_ddp": {"no group": "never_destroys_the_group", "same": "local_loss_only"},
+    "profile_steps": {"profiler": "returns_the_path", "lean": "record_shapes_on"},
+    "time_breakdown": {"ms": "microseconds", "path": "dicts_only"},
+    "diagnose": {"refused": "no_error_without_gpu", "percent": "busy_share_as_fraction"},
+    "step_mfu": {"int": "flops_as_float", "fraction": "percent", "grads": "gradients_left", "no step": "optimizer_step",
+                 "message": "message_names_nothing"},
+}
