@@ -93,7 +93,7 @@ EQUIVALENT: dict[str, str] = {
        "for safety, not speed" for change in (
            "15 keyword_dropped: 'tensor.detach().to(\"cpu\", non_blocking=True)' -> 'tensor.detach().to(\"cpu\")'",
            "54 constant_changed: 'True' -> 'False'")},
-    "all_reduce_mean:15:4 keyword_dropped: 'dist.all_reduce(total, op=dist.ReduceOp.SUM)' -> 'dist.all_reduce(total)'":
+    "all_reduce_mean:16:4 keyword_dropped: 'dist.all_reduce(total, op=dist.ReduceOp.SUM)' -> 'dist.all_reduce(total)'":
         "SUM is all_reduce's default op",
     "train_ddp:21:14 keyword_dropped: 'DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)' -> "
     "'DDP(model)'": "DDP's docs: for a module on one device, device_ids may be None (and must be for a CPU module)",
