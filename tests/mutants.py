@@ -93,13 +93,13 @@ EQUIVALENT: dict[str, str] = {
        "for safety, not speed" for change in (
            "15 keyword_dropped: 'tensor.detach().to(\"cpu\", non_blocking=True)' -> 'tensor.detach().to(\"cpu\")'",
            "54 constant_changed: 'True' -> 'False'")},
-    "all_reduce_mean:15:4 keyword_dropped: 'dist.all_reduce(total, op=dist.ReduceOp.SUM)' -> 'dist.all_reduce(total)'":
+    "all_reduce_mean:16:4 keyword_dropped: 'dist.all_reduce(total, op=dist.ReduceOp.SUM)' -> 'dist.all_reduce(total)'":
         "SUM is all_reduce's default op",
-    "train_ddp:21:14 keyword_dropped: 'DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)' -> "
+    "train_ddp:24:14 keyword_dropped: 'DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)' -> "
     "'DDP(model)'": "DDP's docs: for a module on one device, device_ids may be None (and must be for a CPU module)",
-    "train_ddp:30:16 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
+    "train_ddp:33:16 keyword_dropped: 'optimizer.zero_grad(set_to_none=True)' -> 'optimizer.zero_grad()'":
         "set_to_none=True is zero_grad's default since torch 2.0",
-    "train_ddp:30:48 constant_changed: 'True' -> 'False'": "zeroed gradients instead of None: backward adds to zeros, "
+    "train_ddp:33:48 constant_changed: 'True' -> 'False'": "zeroed gradients instead of None: backward adds to zeros, "
                                                           "and plain SGD (no momentum, no weight decay) steps the same",
     **{label: "stacklevel only moves the place the warning names; its category and message are the same" for label in (
         "safe_compile:12:8 keyword_dropped: 'warnings.warn(f\"torch.compile failed, running the model eagerly: "
