@@ -25,7 +25,7 @@ from grader import nbtools  # noqa: E402
 
 BUDGET_S = {"01-device": (60, 45), "02-transfer": (60, 45), "03-throughput": (60, 45),
             "04-amp": (90, 60), "05-parity": (90, 60), "06-compile": (90, 60), "07-memory": (90, 60),
-            "08-distributed": (90, 60), "09-profiling": (90, 60)}
+            "08-distributed": (90, 60), "09-profiling": (90, 60), "10-scaling": (90, 60)}
 
 
 def run(path: Path, autograde: bool) -> tuple[float, int]:

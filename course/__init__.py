@@ -28,6 +28,7 @@ _SUBMODULES = (
     "plots",
     "profiling",
     "reference",
+    "scaling",
     "simgpu",
     "timing",
     "transfer",

@@ -99,8 +99,10 @@ def serve(fd: int) -> None:
     import torch
     import torch.distributed as dist
 
-    try:  # imported before any job, so that the worker's guard knows the checks' classes as written
+    try:  # imported before any job, so that the worker's guard knows the checks' classes as written (a frozen
+        # dataclass made during a job, course.scaling's say, would be heard as a notebook's function put into a class)
         import course.checks._distributed_jobs  # noqa: F401
+        import course.checks.scaling  # noqa: F401
     except ImportError:  # a copy of the course without its checks
         pass
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))

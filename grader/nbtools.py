@@ -21,7 +21,7 @@ CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 ASSIGNMENTS = ("01-device", "02-transfer", "03-throughput", "04-amp", "05-parity", "06-compile", "07-memory",
-               "08-distributed", "09-profiling")
+               "08-distributed", "09-profiling", "10-scaling")
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 
 

@@ -37,8 +37,8 @@ from tests import shared
 from tests.harness import Student, with_variants
 from tests.mutations import Variant
 
-ANSWER_TIMEOUT_S = 20
-JOBS = 3  # kernels at a time: one more than 2 cores, since the runaway answers and the stubs mostly wait
+ANSWER_TIMEOUT_S = 10  # answer cells define; a runaway per module waits it out (10 modules, JOBS at a time)
+JOBS = 4  # kernels at a time: two more than 2 cores, since the runaway answers and the stubs mostly wait
 Provider = Callable[["Folders"], None]
 _PROVIDERS: list[Provider] = []
 

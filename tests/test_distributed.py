@@ -424,7 +424,7 @@ def test_troubleshooting_table_covers_the_course(nb):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 5 and all(cells), row
-        named = re.findall(r"\[(0[1-9]-[a-z]+)\]\(([^)]+)\)", cells[4])
+        named = re.findall(r"\[(\d\d-[a-z]+)\]\(([^)]+)\)", cells[4])
         assert named, f"no module named in: {row}"
         for module, link in named:
             modules.add(module)
@@ -436,7 +436,7 @@ def test_troubleshooting_table_covers_the_course(nb):
                   "sync in the loop", "fp32", "nan", "recompil", "hangs", "cuda_launch_blocking"):
         assert topic in text, topic
     taught = {"01-device", "02-transfer", "03-throughput", "04-amp", "05-parity", "06-compile", "07-memory",
-              "08-distributed", "09-profiling"}
+              "08-distributed", "09-profiling", "10-scaling"}
     assert taught <= modules, f"modules no row names: {sorted(taught - modules)}"
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from course import scaling
+
 __all__ = ["CASES", "FORMS", "PROPERTIES", "cases", "examples", "form"]
 
 # a device, as the docstrings spell the CUDA forms: the type alone, with an index, and torch.device with an index
@@ -60,6 +62,11 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
     "profile_steps": {"trace_path": PATH},
     "time_breakdown": {"trace": ("dict", *PATH)},
     "step_mfu": {"dtype": ("torch.float32", "torch.float16", "torch.bfloat16")},
+    # 10 scaling (comm)
+    "predict_step_time": {"link": ("Link", "str")},
+    # 10 scaling (resume)
+    "save_checkpoint": {"path": PATH},
+    "load_checkpoint": {"path": PATH},
 }
 
 
@@ -73,6 +80,11 @@ def _trees(batch: Any, depth: int = 0) -> list:
         values = batch.values() if isinstance(batch, dict) else batch
         return [(batch, depth), *(t for v in values for t in _trees(v, depth + 1))]
     return []
+
+
+def _rows(p: torch.Tensor) -> int:
+    """The rows FSDP2 cuts a parameter into: its first dimension (a 0-d parameter is one row)."""
+    return p.shape[0] if p.dim() else 1
 
 
 def _loader_batches(loader: Any) -> int | None:
@@ -90,6 +102,11 @@ def _events(trace: Any) -> list | None:
         except (OSError, ValueError):
             return None
     return [e for e in trace.get("traceEvents", []) if isinstance(e, dict)] if isinstance(trace, dict) else None
+
+
+def _link(link: Any) -> scaling.Link:
+    """A link as predict_step_time's docstring promises it: a course.scaling.Link or a preset's name."""
+    return scaling.LINKS[link] if isinstance(link, str) else link
 
 
 Case = Callable[[dict[str, Any]], bool]
@@ -152,8 +169,46 @@ CASES: dict[str, dict[str, Case]] = {
     "profile_steps": {"no wait": lambda a: a["wait"] == 0, "no warm-up": lambda a: a["warmup"] == 0},
     "time_breakdown": {"a trace without kernels": lambda a: _events(a["trace"]) is not None and not any(
         e.get("cat") == "kernel" for e in _events(a["trace"]))},
+    # 10 scaling (comm)
+    "predict_step_time": {
+        "world_size 1": lambda a: a["world_size"] == 1,
+        "a ring over more than one node": lambda a: _link(a["link"]).gpus_per_node < a["world_size"] <= _link(
+            a["link"]).max_gpus,
+        "a job of a 2-node link that fits in one node": lambda a: 1 < a["world_size"] <= _link(
+            a["link"]).gpus_per_node < _link(a["link"]).max_gpus,
+        "strategy='fsdp'": lambda a: a["strategy"] == "fsdp",
+        "a latency-bound message (under 1 MB)": lambda a: 1 < a["world_size"] and a["n_params"] * a[
+            "bytes_per_value"] < 1e6,
+        "world_size < 1 (ValueError)": lambda a: a["world_size"] < 1,
+        "more ranks than the link has GPUs (ValueError)": lambda a: a["world_size"] > _link(a["link"]).max_gpus,
+        "an unknown strategy (ValueError)": lambda a: a["strategy"] not in ("ddp", "fsdp"),
+        "an unknown link name (ValueError)": lambda a: isinstance(a["link"], str) and a["link"] not in scaling.LINKS,
+        "bytes_per_value <= 0 (ValueError)": lambda a: a["bytes_per_value"] <= 0},
     "diagnose": {"a breakdown without GPU activity (ValueError)": lambda a: isinstance(a["breakdown"], dict)
                  and a["breakdown"].get("gpu_ms") == 0},
+    # 10 scaling (memory)
+    "per_rank_bytes": {
+        "an uneven split": lambda a: a["stage"] != "ddp" and any(_rows(p) % a["world_size"]
+                                                                 for p in _params(a["model"])),
+        "more ranks than rows": lambda a: a["stage"] != "ddp" and any(_rows(p) < a["world_size"]
+                                                                      for p in _params(a["model"])),
+        "a frozen parameter": lambda a: any(not p.requires_grad for p in _params(a["model"])),
+        "a shared parameter": lambda a: len(_params(a["model"])) < sum(
+            1 for _ in a["model"].named_parameters(remove_duplicate=False)),
+        "a 16-bit parameter": lambda a: any(p.dtype in (torch.float16, torch.bfloat16) for p in _params(a["model"])),
+        "a 0-d parameter": lambda a: any(p.dim() == 0 for p in _params(a["model"])),
+        "world_size=1": lambda a: a["world_size"] == 1 and type(a["world_size"]) is int,
+        "optimizer_states other than 2": lambda a: a["optimizer_states"] in (0, 1, 3),
+        "a bad argument (ValueError)": lambda a: not (isinstance(a["world_size"], int) and a["world_size"] >= 1)
+        or a["stage"] not in ("ddp", "zero1", "zero2", "zero3") or a["rank"] not in range(a["world_size"])
+        or not (isinstance(a["optimizer_states"], int) and a["optimizer_states"] >= 0)},
+    # 10 scaling (resume)
+    "save_checkpoint": {"a GradScaler": lambda a: a["scaler"] is not None,
+                        "an LR scheduler": lambda a: a["scheduler"] is not None},
+    "load_checkpoint": {"a GradScaler": lambda a: a["scaler"] is not None,
+                        "an LR scheduler": lambda a: a["scheduler"] is not None,
+                        "a missing file (FileNotFoundError)": lambda a: not pathlib.Path(a["path"]).exists(),
+                        "an empty file (ValueError)": lambda a: pathlib.Path(a["path"]).stat().st_size == 0},
 }
 
 
@@ -216,6 +271,54 @@ PROPERTIES: dict[str, dict[str, str]] = {
     "diagnose": {"refused": "ValueError without GPU activity", "percent": "the busy share as a whole percentage"},
     "step_mfu": {"int": "flops as an int", "fraction": "mfu as a fraction", "grads": "every .grad left None",
                  "no step": "no optimizer step", "message": "the ValueError names both"},
+    "per_rank_bytes": {"ints": "Python ints", "per tensor": "each tensor cut as torch.chunk cuts it on dim 0",
+                       "shared": "a shared parameter counts once",
+                       "trainable": "gradients and state only for parameters that require grad",
+                       "own dtype": "optimizer state in each parameter's dtype", "no step": "step counters not counted",
+                       "refused": "ValueError for a rank outside range(world_size)",
+                       "stages listed": "the error for an unknown stage lists the stages"},
+    "predict_step_time": {"seconds": "communication and step in seconds",
+                          "weak": "efficiency T1 / TN for a fixed per-rank batch",
+                          "slowest": "a ring over two nodes runs at the inter-node link",
+                          "alone": "world_size 1 communicates nothing",
+                          "refused": "ValueError for a world size the link does not have",
+                          "model": "a prediction: the simulator is never run"},
+    # 10 scaling
+    "BucketedAllReduce": {"mean": "after wait(), each gradient is DDP's mean over the ranks",
+                          "overlap": "a full bucket is launched during backward",
+                          "async": "no all-reduce is waited for during backward",
+                          "once": "each gradient is reduced once per backward",
+                          "last bucket": "wait() launches the last, partial bucket",
+                          "steps": "the next step starts with no bucket or handle left",
+                          "left": "a parameter without a gradient in this backward is left as it is",
+                          "alone": "without a process group wait() leaves the gradients",
+                          "refused": "ValueError for a bad bucket_bytes or a model without trainable parameters",
+                          "removed": "remove() removes the hooks"},
+    # 10 scaling (resume)
+    "save_checkpoint": {"atomic": "a write that fails leaves the previous checkpoint untouched",
+                        "no leftovers": "no temporary file is left, after a failed write too",
+                        "same folder": "the temporary file is in path's folder",
+                        "changes nothing": "saving changes no state", "weights_only": "loads with weights_only=True",
+                        "every GPU": "every CUDA device's random state"},
+    "load_checkpoint": {"missing": "FileNotFoundError naming a missing path",
+                        "broken": "ValueError naming the path of a file that is not a checkpoint",
+                        "every GPU": "every CUDA device's random state restored",
+                        "bitwise": "a resumed run ends bitwise where an unbroken one ends",
+                        "extra": "returns the extra that was saved",
+                        "safe": "a file that carries code is refused, and nothing in it runs"},
+    # 10 scaling
+    "ShardedOptimizer": {"same weights": "every rank ends each step with the weights of plain optimizer_class",
+                         "sharded": "a rank's optimizer holds only the parameters it owns",
+                         "balanced": "no rank owns more than an equal share plus the largest tensor",
+                         "same owners": "every rank computes the same owners",
+                         "as given": "the gradients are used as given, not averaged again",
+                         "skipped": "a parameter without a gradient is left alone",
+                         "all grads": "zero_grad clears every parameter's gradient",
+                         "zeros": "zero_grad(set_to_none=False) zeroes the gradients",
+                         "alone": "a plain optimizer without a process group",
+                         "refused": "ValueError for no parameters",
+                         "owns nothing": ".optimizer is None on a rank that owns nothing",
+                         "generator": "params may be a generator"},
 }
 
 
@@ -259,7 +362,7 @@ def examples(forms: tuple[str, ...], index: int = 0) -> list[Any]:
 
 def _check_table() -> None:
     """FORMS names only forms that form() can return (a typo would be a form no call ever has)."""
-    known = {"None", "str", "Path", "dict", *ANY_DEVICE, "'mps'", "'meta'", "torch.float32", "torch.float16",
+    known = {"None", "str", "Path", "dict", "Link", *ANY_DEVICE, "'mps'", "'meta'", "torch.float32", "torch.float16",
              "torch.bfloat16"}
     unknown = {f for params in FORMS.values() for forms in params.values() for f in forms} - known
     if unknown:
