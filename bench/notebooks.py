@@ -3,7 +3,7 @@
     .venv/bin/python bench/notebooks.py [assignment ...]
 
 Prints one line per notebook: wall seconds for a plain run and for a run with NBGRADER_EXECUTION=autograde
-(heavy cells shrink then). Budgets (issues): modules 01-03 at most 60 s / 45 s, modules 04-06 at most 90 s / 60 s.
+(heavy cells shrink then). Budgets (issues): modules 01-03 at most 60 s / 45 s, modules 04-10 at most 90 s / 60 s.
 """
 from __future__ import annotations
 
