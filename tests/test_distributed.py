@@ -332,6 +332,7 @@ def test_write_script_and_torchrun(tmp_path: Path):
         import torch.distributed as dist
         dist.init_process_group("gloo")
         print(report(dist.get_rank()), flush=True)
+        dist.barrier()  # gloo may still be connecting rank 0 when rank 1 has printed: leave together
         dist.destroy_process_group()
         """)
     assert "def report(rank):" in script.read_text() and 'if __name__ == "__main__":' in script.read_text()
