@@ -8,10 +8,6 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-# The session runs more processes than cores (xdist workers, kernels, rank workers, servers): one OpenMP thread
-# each unless told otherwise, as the grader gives each kernel cores // jobs; idle OpenMP threads spinning on a
-# busy 2-core machine cost the other processes their time. Set before any worker imports torch.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
