@@ -37,7 +37,9 @@ from tests import shared
 from tests.harness import Student, with_variants
 from tests.mutations import Variant
 
-ANSWER_TIMEOUT_S = 10  # answer cells define; a runaway per module waits it out (10 modules, JOBS at a time)
+ANSWER_TIMEOUT_S = 20  # answer cells define; a runaway per module waits it out. The mini batch's cell holding every
+# answer-cell attack (tests/attacks.py) takes 2.6 s alone on an idle 2-core machine and ran past a 10 s limit under a
+# whole session's load (CI, 2026-12-06, 4 kernels at a time): 20 s, the limit that held before that
 JOBS = 4  # kernels at a time: two more than 2 cores, since the runaway answers and the stubs mostly wait
 Provider = Callable[["Folders"], None]
 _PROVIDERS: list[Provider] = []
