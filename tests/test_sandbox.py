@@ -314,6 +314,55 @@ async def _wait_dead(km, seconds: float) -> bool:
     return False
 
 
+class _Channel:
+    """Stands in for jupyter_client's iopub channel: its messages in order (an exception is raised), then Empty."""
+    def __init__(self, messages):
+        self.messages = list(messages)
+
+    def get_msg(self, timeout=None):
+        message = self.messages.pop(0) if self.messages else queue.Empty()
+        if isinstance(message, Exception):
+            raise message
+        return message
+
+
+class _AsyncChannel(_Channel):
+    async def get_msg(self, timeout=None):
+        return _Channel.get_msg(self, timeout)
+
+
+@pytest.mark.parametrize("channel", [_Channel, _AsyncChannel], ids=["blocking", "async"])
+def test_an_unreadable_output_message_is_skipped_and_counted(channel):
+    """A kernel whose output thread failed in the middle of a multipart message (a process limit reached: "can't
+    start new thread") sends frames out of order, which jupyter_client cannot read ("Invalid Signature"): the
+    metered channel skips such a message, counts it, and returns the next one; Empty still ends a wait."""
+    from grader.sandbox.client import instrument
+
+    class Sandbox:
+        test_sources, unreadable, metered = set(), 0, []
+
+        def unreadable_message(self, error):
+            self.unreadable += 1
+
+        def count_output(self, msg):
+            self.metered.append(msg)
+
+    class Client:
+        iopub_channel_class = channel
+        execute = None
+
+    client, box, good = Client(), Sandbox(), {"msg_type": "stream", "content": {"text": "ok"}}
+    instrument(client, box)
+    read = client.iopub_channel_class([ValueError("Invalid Signature: b'a9ed'"), ValueError("bad json"), good])
+    got = read.get_msg(timeout=5)
+    assert (asyncio.run(got) if channel is _AsyncChannel else got) == good
+    assert box.unreadable == 2 and box.metered == [good]
+    with pytest.raises(queue.Empty):
+        read = client.iopub_channel_class([ValueError("Invalid Signature")])
+        got = read.get_msg(timeout=0.5)
+        asyncio.run(got) if channel is _AsyncChannel else got
+
+
 # ---- 1-7 -------------------------------------------------------------------------------------------------------
 @needs_sandbox
 def test_reading_solutions_from_disk_gains_nothing(graded):

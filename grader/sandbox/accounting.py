@@ -19,6 +19,8 @@ def usage(pids: list[int]) -> tuple[int, int, float]:
                 status_text = f.read()
         except OSError:
             continue
+        if len(fields) < 18:  # read while the process was being reaped
+            continue
         ticks += sum(int(x) for x in fields[11:15])        # utime stime cutime cstime
         tasks += int(fields[17])                          # num_threads
         for key in ("RssAnon:", "RssShmem:"):

@@ -125,6 +125,8 @@ class KernelSandbox:
         self.interrupts = 0                         # SIGINTs sent by the manager (a cell over its time limit)
         self.ready = False
         self.output_bytes = 0
+        self._last_disk = 0.0                       # when the watchdog last measured the files written
+        self.unreadable = 0                         # output messages skipped because they could not be read
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.integrity_expected = False
@@ -273,29 +275,43 @@ class KernelSandbox:
                         self.flags.append(str(flag)[:300])
 
     def _watch(self) -> None:
-        lim, interval, last_disk = self.limits, self.km.watch_interval, 0.0
-        while not self._stop.wait(interval):
-            pids = processes.tree(self.pid)
-            if len(pids) <= 1 and not os.path.exists(f"/proc/{self.pid}"):
-                return
-            tasks, mem, cpu = usage(pids)
-            self.peak_memory = max(self.peak_memory, mem)
-            if lim.processes and tasks >= lim.processes:
-                self.limit_hit("processes", f"{tasks} processes and threads reached the limit of {lim.processes} "
-                               "(a fork bomb?)")
-            elif lim.memory and mem > lim.watchdog_memory and pss(pids) > lim.watchdog_memory:
-                self.limit_hit("memory", f"memory use of all its processes passed the limit of "
-                               f"{lim.watchdog_memory / GiB:.2f} GiB")
-            elif lim.cpu and cpu > lim.cpu:
-                self.limit_hit("cpu", f"CPU time passed the limit of {lim.cpu} s")
-            elif lim.disk and time.monotonic() - last_disk > 0.5:
-                last_disk = time.monotonic()
-                size, entries = dir_bytes([self.workdir, self.priv / "home"])
-                if size - self.disk_start > lim.disk or entries >= 50_000:
-                    self.limit_hit("disk", f"files written passed the limit of {lim.disk / MiB:.0f} MiB "
-                                   f"({entries} files)")
-            if self.hit:
-                return
+        """The watchdog: every `watch_interval`, the kernel's processes measured against the limits. A measurement
+        that fails (a process read from /proc while it was being made or reaped) is logged and the next one goes on:
+        a watchdog thread that died would leave the kernel without limits."""
+        failures = 0
+        while not self._stop.wait(self.km.watch_interval):
+            try:
+                if not self._measure():
+                    return
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any one reading of /proc
+                failures += 1
+                if failures == 1:
+                    self.km.log.warning("grader sandbox: measuring the kernel in %s failed once (%r); the watchdog "
+                                        "goes on", self.workdir, exc)
+
+    def _measure(self) -> bool:
+        """One round of the watchdog; False once the kernel is gone or a limit was hit."""
+        lim = self.limits
+        pids = processes.tree(self.pid)
+        if len(pids) <= 1 and not os.path.exists(f"/proc/{self.pid}"):
+            return False
+        tasks, mem, cpu = usage(pids)
+        self.peak_memory = max(self.peak_memory, mem)
+        if lim.processes and tasks >= lim.processes:
+            self.limit_hit("processes", f"{tasks} processes and threads reached the limit of {lim.processes} "
+                           "(a fork bomb?)")
+        elif lim.memory and mem > lim.watchdog_memory and pss(pids) > lim.watchdog_memory:
+            self.limit_hit("memory", f"memory use of all its processes passed the limit of "
+                           f"{lim.watchdog_memory / GiB:.2f} GiB")
+        elif lim.cpu and cpu > lim.cpu:
+            self.limit_hit("cpu", f"CPU time passed the limit of {lim.cpu} s")
+        elif lim.disk and time.monotonic() - self._last_disk > 0.5:
+            self._last_disk = time.monotonic()
+            size, entries = dir_bytes([self.workdir, self.priv / "home"])
+            if size - self.disk_start > lim.disk or entries >= 50_000:
+                self.limit_hit("disk", f"files written passed the limit of {lim.disk / MiB:.0f} MiB "
+                               f"({entries} files)")
+        return self.hit is None
 
     def count_output(self, msg: dict) -> None:
         """Meter the output the kernel sends; note an allocation that failed at the memory limit."""
@@ -314,6 +330,15 @@ class KernelSandbox:
         self.output_bytes += size
         if self.output_bytes > self.limits.output:
             self.limit_hit("output", f"notebook output passed the limit of {self.limits.output / MiB:.0f} MiB")
+
+    def unreadable_message(self, error: Exception) -> None:
+        """An output message of the kernel's that could not be read (grader/sandbox/client.py): skipped, counted and
+        logged once."""
+        self.unreadable += 1
+        if self.unreadable == 1:
+            self.km.log.warning("grader sandbox: an output message of the kernel in %s could not be read and was "
+                                "skipped (%s): a process the notebook started may have written to its socket",
+                                self.workdir, str(error)[:120])
 
     def limit_hit(self, kind: str, reason: str) -> None:
         if self.hit is None:

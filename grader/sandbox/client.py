@@ -4,11 +4,17 @@ Test cells (recognised by the sha256 of their source, read from the notebooks be
 with a secret cell id, so the integrity guard inside knows when a test runs without the notebook telling it, and
 without storing them in the kernel's history: IPython would put the test's source (its probes) in `In`, `_ih` and
 `_i`, names any code the test calls can read (the guard keeps it out of `linecache` too: grader/guard/hooks.py).
+
+An output message that cannot be read (a bad signature, frames out of order: seen when the processes of a fork bomb
+were killed while writing to the kernel's output socket) is skipped and counted, never raised: it would end the
+notebook's grading in the middle of a cell instead of letting the cell's limits decide.
 """
 from __future__ import annotations
 
 import hashlib
 import inspect
+import queue
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for the annotation only
@@ -37,13 +43,35 @@ def instrument(kc, sandbox: KernelSandbox) -> None:
     kc.execute = execute
     base = kc.iopub_channel_class
     if inspect.iscoroutinefunction(base.get_msg):
-        async def get_msg(self, *args, **kwargs):
-            msg = await base.get_msg(self, *args, **kwargs)
-            sandbox.count_output(msg)
-            return msg
+        async def get_msg(self, timeout=None):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                try:
+                    msg = await base.get_msg(self, timeout=_left(deadline))
+                except ValueError as exc:  # jupyter_client's Session.deserialize: "Invalid Signature", bad JSON
+                    sandbox.unreadable_message(exc)
+                    continue
+                sandbox.count_output(msg)
+                return msg
     else:
-        def get_msg(self, *args, **kwargs):
-            msg = base.get_msg(self, *args, **kwargs)
-            sandbox.count_output(msg)
-            return msg
+        def get_msg(self, timeout=None):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                try:
+                    msg = base.get_msg(self, timeout=_left(deadline))
+                except ValueError as exc:
+                    sandbox.unreadable_message(exc)
+                    continue
+                sandbox.count_output(msg)
+                return msg
     kc.iopub_channel_class = type(f"Metered{base.__name__}", (base,), {"get_msg": get_msg})
+
+
+def _left(deadline: float | None) -> float | None:
+    """The seconds left until `deadline` (None: wait without end); queue.Empty once it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise queue.Empty
+    return left
