@@ -8,6 +8,7 @@ which dataset it returns and why, and keeps the reason in `DataBundle.reason`. S
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import struct
@@ -120,16 +121,22 @@ def _bundle(
     return DataBundle(train, val, name, reason, len(classes), tuple(train.tensors[0].shape[1:]), classes)
 
 
+@functools.cache
+def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits' images (float64 in [0, 16]) and labels, read from scikit-learn's file once per process (the checks
+    ask for the digits hundreds of times); `_bundle` indexes them, so every call gets tensors of its own."""
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    return torch.as_tensor(raw.images), torch.as_tensor(raw.target)
+
+
 def digits(val_fraction: float = 0.2, seed: int = 0, limit: int | None = None) -> DataBundle:
     """scikit-learn's bundled digits: 1797 images 1×8×8 scaled to [0, 1], 10 classes, no download.
 
     Introduced in 06-compile.
     """
-    from sklearn.datasets import load_digits
-
-    raw = load_digits()
-    images = torch.as_tensor(raw.images)  # float64 in [0, 16]
-    labels = torch.as_tensor(raw.target)
+    images, labels = _digits_tensors()
     return _bundle(
         images, labels, name="digits", reason="scikit-learn's bundled digits were asked for",
         classes=tuple(str(i) for i in range(10)), val_fraction=val_fraction, seed=seed, limit=limit, scale=16.0,

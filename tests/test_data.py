@@ -52,6 +52,20 @@ def test_digits_shapes_ranges_and_dtypes():
     assert set(y.tolist()) == set(range(10))
 
 
+def test_each_digits_call_gets_tensors_of_its_own():
+    """The file is read once per process, but a bundle changed in place (a learner normalising the images, labels
+    overwritten) changes neither the next call's data nor an earlier bundle's."""
+    first, second = data.digits(), data.digits()
+    kept = [t.clone() for t in (*first.train.tensors, *first.val.tensors)]
+    for t in (*second.train.tensors, *second.val.tensors):
+        t.zero_()
+    third = data.digits()
+    assert all(torch.equal(a, b) for a, b in zip(kept, (*first.train.tensors, *first.val.tensors), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(kept, (*third.train.tensors, *third.val.tensors), strict=True))
+    limited = data.digits(limit=100)
+    assert torch.equal(limited.train.tensors[0], kept[0][:100])
+
+
 def test_split_is_deterministic_and_disjoint():
     ds = TensorDataset(torch.arange(100), torch.arange(100) % 7)
     train_a, val_a = data.split(ds, 0.25, seed=3)
