@@ -7,9 +7,11 @@ worker one process of an NCCL job with a GPU of its own, simulated, for the path
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -201,9 +203,16 @@ class Joining:
         return call_through(self._init, *args, **kwargs)
 
 
+def scratch_folder(prefix: str) -> str:
+    """A new temporary folder, removed when this process exits: what the checks write never piles up in /tmp."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def rank_folders(prefix: str) -> str:
     """A new temporary folder with an empty working folder per rank, rank0 and rank1: who wrote what shows."""
-    folder = tempfile.mkdtemp(prefix=prefix)
+    folder = scratch_folder(prefix)
     for rank in range(2):
         os.makedirs(os.path.join(folder, f"rank{rank}"))
     return folder

@@ -137,8 +137,12 @@ def observe_save(save_checkpoint: Callable, spec: dict) -> dict:
     """save_checkpoint on a run of `spec` in this process, on a machine with two GPUs (their random states only):
     what it raised, what it changed, the files it left, whether the file loads with weights_only=True and changes
     with each part of the state, the renames it made, and what a write that fails half-way (spec["fail"]: "disk" or
-    "pickle") leaves."""
-    folder = Path(tempfile.mkdtemp(prefix="resume-save-"))
+    "pickle") leaves. In a temporary folder, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="resume-save-", ignore_cleanup_errors=True) as name:
+        return _observe_save(save_checkpoint, spec, Path(name))
+
+
+def _observe_save(save_checkpoint: Callable, spec: dict, folder: Path) -> dict:
     path = folder / "checkpoint.pt"
     given = str(path) if spec["path"] == "str" else path
     seen: dict = {"path": str(path)}
@@ -239,8 +243,14 @@ def verdict_save(seen: dict, what: str) -> None:
 
 def observe_load(load_checkpoint: Callable, save_checkpoint: Callable, spec: dict, specs: tuple) -> dict:
     """load_checkpoint on missing and broken files, on a machine with two GPUs (their random states restored?), then
-    the runs of `specs` saved by one worker process and resumed by the other (first_job, second_job)."""
-    folder = Path(tempfile.mkdtemp(prefix="resume-load-"))
+    the runs of `specs` saved by one worker process and resumed by the other (first_job, second_job). In a temporary
+    folder, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="resume-load-", ignore_cleanup_errors=True) as name:
+        return _observe_load(load_checkpoint, save_checkpoint, spec, specs, Path(name))
+
+
+def _observe_load(load_checkpoint: Callable, save_checkpoint: Callable, spec: dict, specs: tuple,
+                  folder: Path) -> dict:
     seen: dict = {"folder": str(folder)}
     _seed(spec["seed"])
     objects, losses = build(spec, spec["seed"]), []

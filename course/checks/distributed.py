@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +270,7 @@ def check_save_on_rank0(save_on_rank0: Any) -> None:
     """Without a group: rank 0 alone writes, True or False comes back. In a 2-process group every rank waits."""
     __tracebackhide__ = True
     _fresh_kernel()
-    folder = tempfile.mkdtemp(prefix="save-on-rank0-")
+    folder = jobs.scratch_folder("save-on-rank0-")
     state = {"weights": torch.arange(4.0), "step": 7}
     for rank in (1, 0):
         path = os.path.join(folder, f"as-rank{rank}.pt")
