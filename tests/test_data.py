@@ -206,6 +206,17 @@ def test_default_root_honours_course_data(monkeypatch, tmp_path):
 
 
 def test_import_course_data_does_not_import_torchvision_or_sklearn():
-    code = "import sys, course.data; print([m for m in ('torchvision', 'sklearn', 'matplotlib') if m in sys.modules])"
+    """Neither importing course.data nor reading the digits imports them (scikit-learn alone costs a kernel 0.8 s)."""
+    code = ("import sys, course.data; course.data.digits(); "
+            "print([m for m in ('torchvision', 'sklearn', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_digits_are_what_scikit_learn_loads():
+    """Read from scikit-learn's bundled file directly, the images and labels are load_digits' own, in order."""
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    images, labels = data._digits_tensors()
+    assert torch.equal(images, torch.as_tensor(raw.images)) and torch.equal(labels, torch.as_tensor(raw.target))
