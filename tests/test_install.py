@@ -135,8 +135,8 @@ def learner_env(request) -> LearnerEnv:
     wheel, why = _other_torch()
     requirements = runtime_requirements()
 
-    def populate(python: Path) -> None:
-        pip(python, "install", "-q", *([str(wheel)] if wheel else []), *requirements)
+    def populate(python: Path) -> None:  # not byte-compiled: its kernels (this user's) compile what they import
+        pip(python, "install", "-q", "--no-compile", *([str(wheel)] if wheel else []), *requirements)
         if wheel is None:
             see_project_packages(python)
 
