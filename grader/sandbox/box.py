@@ -337,7 +337,7 @@ class KernelSandbox:
         self.unreadable += 1
         if self.unreadable == 1:
             self.km.log.warning("grader sandbox: an output message of the kernel in %s could not be read and was "
-                                "skipped (%s): a process the notebook started may have written to its socket",
+                                "skipped (%s): a kernel at its process limit can fail in the middle of sending one",
                                 self.workdir, str(error)[:120])
 
     def limit_hit(self, kind: str, reason: str) -> None:

@@ -5,8 +5,8 @@ with a secret cell id, so the integrity guard inside knows when a test runs with
 without storing them in the kernel's history: IPython would put the test's source (its probes) in `In`, `_ih` and
 `_i`, names any code the test calls can read (the guard keeps it out of `linecache` too: grader/guard/hooks.py).
 
-An output message that cannot be read (a bad signature, frames out of order: seen when the processes of a fork bomb
-were killed while writing to the kernel's output socket) is skipped and counted, never raised: it would end the
+An output message that cannot be read (a bad signature, frames out of order: seen when a kernel at its process limit
+could not start a thread in the middle of sending a message) is skipped and counted, never raised: it would end the
 notebook's grading in the middle of a cell instead of letting the cell's limits decide.
 """
 from __future__ import annotations
