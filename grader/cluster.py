@@ -67,7 +67,7 @@ class Cluster:
 
     def run(self, jobs: list[tuple[object, Job]], limit: float, on_result, hold=None) -> None:
         """Submit every (key, job); call on_result(key, reply) in this process as each verdict arrives."""
-        from distributed import as_completed
+        from distributed import as_completed  # the optional [cluster] extra: __init__ says when it is missing
 
         run = uuid.uuid4().hex[:8]
         keys = {}

@@ -144,7 +144,7 @@ def summary_rows(ws: Workspace, tests: list[dict]) -> list[dict]:
 
 def summary_figure(rows: list[dict], students: int):
     """The pass-rate bar chart, one bar per test cell, labelled with its whole description (wrapped)."""
-    import matplotlib
+    import matplotlib  # only a report with figures pays its import; Agg is chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -173,7 +173,7 @@ def summary_figure(rows: list[dict], students: int):
 
 
 def _plot(rows: list[dict], path: Path, students: int) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # as in summary_figure: only a report with figures pays for it
 
     fig = summary_figure(rows, students)
     fig.savefig(path, dpi=120, bbox_inches="tight")       # never cut a label, whatever the font

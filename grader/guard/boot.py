@@ -29,7 +29,7 @@ def _apply_limits(limits):
         except (ValueError, OSError):   # a platform that refuses this limit (macOS and RLIMIT_DATA): go on
             pass
     if "fsize" in limits:
-        import signal
+        import signal  # a guard file: its imports run in the grading kernel, so only when a limit needs them
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)    # a too-large write raises OSError instead of killing
 
 
@@ -68,13 +68,14 @@ def main(argv):
         os.environ.pop("JPY_PARENT_PID", None)
     guard = Guard(config)
     if kernel_argv[:2] != ["-m", "ipykernel_launcher"]:
-        import runpy
+        import runpy  # a kernel command other than ipykernel_launcher's: loaded only for one
         guard._send("no-ipykernel")
         sys.argv = kernel_argv[1:]
         runpy.run_module(kernel_argv[1], run_name="__main__", alter_sys=True)
         return
     workdir = os.getcwd()
     os.chdir(config.get("neutral_dir") or "/")           # no configuration read from the working copy
+    # imported after the chdir, so that no module or configuration of the working copy is picked up
     from ipykernel.kernelapp import IPKernelApp
     guard.protect_loaded(MACHINERY)
     launcher = importlib.util.find_spec("ipykernel_launcher")
